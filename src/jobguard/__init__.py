@@ -1,0 +1,68 @@
+"""jobguard: background jobs whose side effects happen once, on a queue that delivers at least once.
+
+Start with :class:`App`; see the README and ``docs/`` for the concepts.
+"""
+
+from jobguard.app import App, DeadLetterQueue
+from jobguard.context import Context
+from jobguard.exceptions import (
+    ConfigurationError,
+    EnqueueError,
+    Fatal,
+    GuardLost,
+    JobGuardError,
+    KeyTemplateError,
+    LeaseLostError,
+    LockBusyError,
+    NotFoundError,
+    PayloadError,
+    Retry,
+    StaleFenceError,
+    StoreUnavailableError,
+    UnknownTaskError,
+)
+from jobguard.hooks import Hooks
+from jobguard.models import (
+    Attempt,
+    DeadJob,
+    Job,
+    JobStatus,
+    LockGrant,
+    Operation,
+    OperationStatus,
+    Outcome,
+)
+from jobguard.task import Task
+from jobguard.worker import Worker
+
+__all__ = [
+    "App",
+    "Attempt",
+    "ConfigurationError",
+    "Context",
+    "DeadJob",
+    "DeadLetterQueue",
+    "EnqueueError",
+    "Fatal",
+    "GuardLost",
+    "Hooks",
+    "Job",
+    "JobGuardError",
+    "JobStatus",
+    "KeyTemplateError",
+    "LeaseLostError",
+    "LockBusyError",
+    "LockGrant",
+    "NotFoundError",
+    "Operation",
+    "OperationStatus",
+    "Outcome",
+    "PayloadError",
+    "Retry",
+    "StaleFenceError",
+    "StoreUnavailableError",
+    "Task",
+    "UnknownTaskError",
+    "Worker",
+]
+__version__ = "0.1.0"

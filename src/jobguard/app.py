@@ -1,0 +1,285 @@
+"""The application object: task registry, store, dead letter queue and diagnostics entry point."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, overload
+
+from jobguard.backends import DEFAULT_URL, open_backend
+from jobguard.backends.base import Backend
+from jobguard.core.retry import RetryPolicy
+from jobguard.exceptions import ConfigurationError, LockBusyError, UnknownTaskError
+from jobguard.hooks import Hooks
+from jobguard.models import Attempt, DeadJob, Job, JobStatus, LockGrant, Operation
+from jobguard.task import CallOptions, Task
+from jobguard.worker import Worker
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+class DeadLetterQueue:
+    """Jobs that will not be retried: fatal errors, spent attempts, poison (R7)."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    def list(self, limit: int = 100) -> list[Job]:
+        """Dead jobs, most recently buried first."""
+        return self._app.backend.dead_jobs(limit)
+
+    def show(self, job_id: int) -> DeadJob:
+        """One dead job with its reason and every attempt's metadata."""
+        job = self._app.backend.get_job(job_id)
+        if job.status != JobStatus.DEAD:
+            from jobguard.exceptions import NotFoundError
+
+            raise NotFoundError(f"job {job_id} is {job.status}, not in the dead letter queue")
+        return DeadJob(
+            job=job,
+            reason=job.dead_reason or "",
+            attempts=self._app.backend.attempts(job_id=job_id),
+        )
+
+    def replay(self, job_id: int) -> Job:
+        """Queue a dead job again with the same id, arguments and keys (R7.3).
+
+        Its operation key is kept, so work that completed is not redone (invariant 8).
+        """
+        return self._app.backend.replay(job_id)
+
+    def purge(self, job_id: int | None = None) -> int:
+        """Delete one dead job, or all of them, with their attempt rows; return how many."""
+        return self._app.backend.purge(job_id)
+
+
+class App:
+    """A jobguard application: where tasks are registered and jobs are stored.
+
+    Args:
+        url: Store URL. Default ``sqlite:///jobguard.db`` (a file in the working directory).
+        backend: An already-built backend (overrides ``url``).
+        max_payload_bytes: Largest JSON payload accepted at enqueue (default 1 MiB).
+        hooks: Callbacks for metrics and logs.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        backend: Backend | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        hooks: Hooks | None = None,
+    ) -> None:
+        if max_payload_bytes < 1:
+            raise ConfigurationError("max_payload_bytes must be >= 1")
+        self.url = url or (backend.url if backend is not None else DEFAULT_URL)
+        self._backend = backend
+        self._backend_lock = threading.Lock()
+        self.max_payload_bytes = max_payload_bytes
+        self.hooks = hooks or Hooks()
+        self.tasks: dict[str, Task] = {}
+        self.dlq = DeadLetterQueue(self)
+
+    @property
+    def backend(self) -> Backend:
+        """The store, opened on first use (so importing an app module touches no file)."""
+        if self._backend is None:
+            with self._backend_lock:
+                if self._backend is None:
+                    self._backend = open_backend(self.url)
+        return self._backend
+
+    def close(self) -> None:
+        """Close the store's connections."""
+        if self._backend is not None:
+            self._backend.close()
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[..., Any], /) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        visibility_timeout_s: float = 30.0,
+        max_attempts: int = 5,
+        backoff_base_s: float = 1.0,
+        backoff_cap_s: float = 300.0,
+        fatal: tuple[type[BaseException], ...] = (),
+        transient: tuple[type[BaseException], ...] | None = None,
+        poison_threshold: int = 3,
+        priority: int = 0,
+        operation_key: str | None = None,
+        resource_key: str | None = None,
+        lock_ttl_s: float = 30.0,
+        max_defer_s: float = 3600.0,
+        dedup_window_s: float = 0.0,
+    ) -> Callable[[Callable[..., Any]], Task]: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        visibility_timeout_s: float = 30.0,
+        max_attempts: int = 5,
+        backoff_base_s: float = 1.0,
+        backoff_cap_s: float = 300.0,
+        fatal: tuple[type[BaseException], ...] = (),
+        transient: tuple[type[BaseException], ...] | None = None,
+        poison_threshold: int = 3,
+        priority: int = 0,
+        operation_key: str | None = None,
+        resource_key: str | None = None,
+        lock_ttl_s: float = 30.0,
+        max_defer_s: float = 3600.0,
+        dedup_window_s: float = 0.0,
+    ) -> Task | Callable[[Callable[..., Any]], Task]:
+        """Register a handler ``fn(ctx, **kwargs)`` as a task.
+
+        Args:
+            name: Registered name (default ``module.function``).
+            queue: Default queue (a plain identifier).
+            visibility_timeout_s: Lease length; renewed by the heartbeat while the job runs (R2).
+            max_attempts: Deliveries allowed, charged at delivery (R6.2, invariant 7).
+            backoff_base_s: Full-jitter exponential backoff base.
+            backoff_cap_s: Longest backoff delay.
+            fatal: Exception classes never retried (R6.1).
+            transient: If given, only these are retried; anything else is fatal.
+            poison_threshold: Same error signature this many times in a row buries the job (R7.2).
+            priority: Default priority; higher runs first within a queue.
+            operation_key: Template of the business action's idempotency key, e.g.
+                ``"fulfill-order:{order_id}"`` (R4.1).
+            resource_key: Template of the resource to lock while running, e.g.
+                ``"order:{order_id}"`` (R3.1).
+            lock_ttl_s: Lock lease length; renewed with the job's lease (R3.3).
+            max_defer_s: How long a job may keep waiting for a busy resource before it is buried.
+            dedup_window_s: Default time a dedup key is held after completion (R5.2).
+        """
+
+        def register(handler: Callable[..., Any]) -> Task:
+            task_name = name or f"{handler.__module__}.{handler.__qualname__}"
+            if task_name in self.tasks:
+                raise ConfigurationError(f"task {task_name!r} is registered twice")
+            try:
+                policy = RetryPolicy(
+                    max_attempts=max_attempts,
+                    backoff_base_s=backoff_base_s,
+                    backoff_cap_s=backoff_cap_s,
+                    fatal=tuple(fatal),
+                    transient=tuple(transient) if transient is not None else None,
+                    poison_threshold=poison_threshold,
+                )
+            except ValueError as exc:
+                raise ConfigurationError(f"task {task_name!r}: {exc}") from exc
+            task = Task(
+                self,
+                handler,
+                name=task_name,
+                queue=queue,
+                visibility_timeout_s=visibility_timeout_s,
+                policy=policy,
+                priority=priority,
+                operation_key=operation_key,
+                resource_key=resource_key,
+                lock_ttl_s=lock_ttl_s,
+                max_defer_s=max_defer_s,
+                dedup_window_s=dedup_window_s,
+            )
+            self.tasks[task_name] = task
+            return task
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    def queues(self) -> list[str]:
+        """The default queues of the registered tasks, in registration order."""
+        return list(dict.fromkeys(task.queue for task in self.tasks.values()))
+
+    def get_task(self, name: str) -> Task:
+        """The task registered under ``name``; :class:`UnknownTaskError` if none."""
+        try:
+            return self.tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self.tasks)) or "none"
+            raise UnknownTaskError(f"unknown task {name!r} (registered: {known})") from None
+
+    def enqueue(self, task_name: str, kwargs: dict[str, Any], **options: Any) -> Job:
+        """Enqueue a task by name (as the CLI does); options as in :meth:`Task.options`."""
+        task = self.get_task(task_name)
+        return self.backend.enqueue(task.build_spec(kwargs, CallOptions(**options)))
+
+    # -- inspection -----------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job:
+        """One job by id."""
+        return self.backend.get_job(job_id)
+
+    def jobs(self, status: JobStatus | str | None = None, limit: int = 100) -> list[Job]:
+        """Newest jobs first, optionally of one status."""
+        return self.backend.list_jobs(JobStatus(status) if status else None, limit)
+
+    def counts(self) -> dict[JobStatus, int]:
+        """How many jobs are in each state."""
+        return self.backend.count_jobs()
+
+    def attempts(
+        self, *, job_id: int | None = None, operation_key: str | None = None, limit: int = 1000
+    ) -> list[Attempt]:
+        """The attempt log (R8.1) of a job, an operation, or the most recent attempts."""
+        return self.backend.attempts(job_id=job_id, operation_key=operation_key, limit=limit)
+
+    def operation(self, key: str) -> Operation | None:
+        """The operation record for ``key`` with its completed steps, or ``None``."""
+        return self.backend.get_operation(key)
+
+    # -- running --------------------------------------------------------------------------------
+
+    def worker(self, queues: list[str] | None = None, **options: Any) -> Worker:
+        """A :class:`~jobguard.worker.Worker` for these queues (default: every task's queue)."""
+        return Worker(self, queues, **options)
+
+    @contextlib.contextmanager
+    def lock(self, resource: str, ttl_s: float = 30.0, *, renew: bool = True) -> Iterator[LockGrant]:
+        """Hold the resource lock for a block of code outside jobs (R3).
+
+        Raises :class:`~jobguard.exceptions.LockBusyError` if another live owner holds it. While
+        held, a background thread renews it every ``ttl_s / 3`` (unless ``renew=False``).
+        The grant's ``fence`` is strictly larger than any fence issued before for ``resource``.
+        """
+        if ttl_s <= 0:
+            raise ConfigurationError("ttl_s must be > 0")
+        owner = f"lock/{secrets.token_hex(8)}"
+        grant = self.backend.acquire_lock(resource, owner, ttl_s)
+        if grant is None:
+            raise LockBusyError(resource)
+        stop = threading.Event()
+        renewer: threading.Thread | None = None
+        if renew:
+
+            def keep_alive() -> None:
+                while not stop.wait(ttl_s / 3):
+                    if not self.backend.renew_lock(grant, ttl_s):
+                        return
+
+            renewer = threading.Thread(target=keep_alive, name="jobguard-lock-renew", daemon=True)
+            renewer.start()
+        try:
+            yield grant
+        finally:
+            stop.set()
+            if renewer is not None:
+                renewer.join()
+            self.backend.release_lock(grant)

@@ -1,0 +1,246 @@
+"""The ports: the only things a storage backend implements.
+
+Every method that changes a delivery takes the :class:`~jobguard.models.Guard` of that delivery
+and is refused with :class:`~jobguard.exceptions.LeaseLostError` when the lease token is stale, or
+:class:`~jobguard.exceptions.StaleFenceError` when a newer lock grant exists for the resource.
+Each docstring states what the method does atomically. Times come from the store's clock.
+
+The pipeline is written once against these protocols; a backend is done when it passes the
+conformance suite in ``tests/contract/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from jobguard.models import (
+    Attempt,
+    Delivery,
+    Guard,
+    Job,
+    JobSpec,
+    JobStatus,
+    LockGrant,
+    Operation,
+    Outcome,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What went wrong in a delivery, as stored in the attempt log and on the job."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+    signature: str | None = None
+    same_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """Attempt metadata the worker measured (its monotonic clock) and hands over at the end."""
+
+    duration_s: float
+    steps_run: int = 0
+    steps_skipped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """One in-flight delivery for the heartbeat to extend, with its lease and lock lengths."""
+
+    guard: Guard
+    visibility_timeout_s: float
+    lock_ttl_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RenewalResult:
+    """Whether the lease and the lock (if any) were still ours when the heartbeat extended them."""
+
+    lease_ok: bool
+    lock_ok: bool
+
+
+class QueuePort(Protocol):
+    """Jobs, leases and the dead letter queue (R1, R2, R5, R7)."""
+
+    def enqueue(self, spec: JobSpec) -> Job:
+        """Store a job, or return the live job holding ``spec.dedup_key`` (``deduplicated=True``).
+
+        Atomic: the dedup check and the insert are one transaction, so concurrent enqueues of one
+        key store one job.
+        """
+
+    def fetch(self, queues: Sequence[str], limit: int, worker_id: str) -> list[Delivery]:
+        """Lease up to ``limit`` ready jobs, earlier queues first, higher priority first.
+
+        Atomic per call: each job gets a new lease token, its attempt count is charged and an
+        attempt row opened. Jobs whose lease expired are re-leased (their old attempt is closed as
+        ``lost``); one whose attempts are spent goes to the dead letter queue instead.
+        """
+
+    def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
+        """Extend leases (and their locks) that are still ours; report the ones that are not.
+
+        Atomic per item; all items in one transaction where the store allows.
+        """
+
+    def finish(
+        self,
+        guard: Guard,
+        closing: Closing,
+        *,
+        outcome: Outcome = Outcome.COMPLETED,
+        operation_key: str | None = None,
+        result_json: str | None = None,
+        external_ref: str | None = None,
+    ) -> None:
+        """Ack the job: operation completed + job completed + attempt closed + lock released.
+
+        Atomic: one transaction. Refused (nothing written) for a stale lease or fence.
+        """
+
+    def retry(
+        self,
+        guard: Guard,
+        closing: Closing,
+        *,
+        delay_s: float,
+        error: ErrorInfo,
+        operation_key: str | None = None,
+    ) -> None:
+        """Requeue after ``delay_s``; close the attempt; release the lock and the operation claim.
+
+        Atomic: one transaction. The attempt stays charged.
+        """
+
+    def defer(
+        self, guard: Guard, closing: Closing, *, delay_s: float, reason: str
+    ) -> None:
+        """Requeue after ``delay_s`` because the resource was busy; the attempt is handed back.
+
+        Atomic: one transaction.
+        """
+
+    def bury(
+        self,
+        guard: Guard,
+        closing: Closing,
+        *,
+        reason: str,
+        error: ErrorInfo | None,
+        operation_key: str | None = None,
+    ) -> None:
+        """Move the job to the dead letter queue with its reason; mark the operation failed.
+
+        Atomic: one transaction.
+        """
+
+    def release(self, guards: Sequence[Guard]) -> int:
+        """Hand leases back without charging an attempt (graceful shutdown); return how many.
+
+        Atomic per guard; stale guards are skipped, not raised.
+        """
+
+    def record_refusal(self, guard: Guard, outcome: Outcome, closing: Closing, message: str) -> None:
+        """Note on the stale delivery's own attempt row that its write was refused."""
+
+    def get_job(self, job_id: int) -> Job:
+        """Return one job; :class:`~jobguard.exceptions.NotFoundError` if there is none."""
+
+    def list_jobs(self, status: JobStatus | None = None, limit: int = 100) -> list[Job]:
+        """Newest jobs first, optionally of one status."""
+
+    def count_jobs(self) -> dict[JobStatus, int]:
+        """How many jobs are in each state."""
+
+    def dead_jobs(self, limit: int = 100) -> list[Job]:
+        """Jobs in the dead letter queue, most recently buried first."""
+
+    def replay(self, job_id: int) -> Job:
+        """Move a dead job back to the queue, same id, payload and keys, attempts reset.
+
+        Atomic: one statement; :class:`~jobguard.exceptions.NotFoundError` if it is not dead.
+        """
+
+    def purge(self, job_id: int | None = None) -> int:
+        """Delete one dead job (or all of them) with their attempt rows; return how many."""
+
+    def bury_queued(self, job_id: int, reason: str) -> None:
+        """Move a queued job that can never run (e.g. unknown task) to the dead letter queue."""
+
+
+class LockPort(Protocol):
+    """Resource locks with owner tokens and fencing tokens (R3)."""
+
+    def acquire_lock(
+        self, resource: str, owner: str, ttl_s: float, *, attempt_id: int | None = None
+    ) -> LockGrant | None:
+        """Grant the lock if free or expired, with a fence larger than any before; else ``None``.
+
+        Atomic: one transaction; with ``attempt_id`` the grant is also noted on that attempt row.
+        """
+
+    def renew_lock(self, grant: LockGrant, ttl_s: float) -> bool:
+        """Extend the lock if ``grant.owner`` still owns it. Atomic: one statement."""
+
+    def release_lock(self, grant: LockGrant) -> bool:
+        """Free the lock if ``grant.owner`` still owns it; the fence counter is kept."""
+
+    def lock_fence(self, resource: str) -> int:
+        """The last fence issued for ``resource`` (0 if never locked)."""
+
+
+class OperationPort(Protocol):
+    """Durable operation records and memoised steps (R4)."""
+
+    def begin_operation(self, guard: Guard, key: str, resource_key: str | None) -> Operation | None:
+        """Get or create the record and claim it for this delivery, with its stored steps.
+
+        Returns the record as it was if already ``completed`` (nothing claimed), or ``None`` when
+        another live delivery holds the claim (treat as busy). Atomic: one transaction, refused
+        for a stale lease or fence.
+        """
+
+    def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
+        """Record a step as done. Atomic; refused for a stale lease, claim or fence."""
+
+    def db_step(
+        self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
+    ) -> tuple[bool, Any]:
+        """Run ``fn(conn, *args)`` and record the step in the same transaction (invariant 10).
+
+        Returns ``(ran, value)``: ``ran`` is False and ``value`` the stored JSON result when the
+        step was already recorded. If ``fn`` raises or the guard is stale, nothing commits.
+        """
+
+    def get_operation(self, key: str) -> Operation | None:
+        """Return the operation record and its steps, or ``None``."""
+
+
+class AttemptPort(Protocol):
+    """The attempt log; diagnostics read only this (R8)."""
+
+    def attempts(
+        self,
+        *,
+        job_id: int | None = None,
+        operation_key: str | None = None,
+        limit: int = 1000,
+    ) -> list[Attempt]:
+        """Attempts of one job or one operation in order, or the most recent ones."""
+
+
+class Backend(QueuePort, LockPort, OperationPort, AttemptPort, Protocol):
+    """A store that implements every port. ``close()`` releases its connections."""
+
+    url: str
+
+    def close(self) -> None:
+        """Close connections; the backend may not be used afterwards."""

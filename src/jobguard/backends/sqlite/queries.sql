@@ -1,0 +1,218 @@
+-- Named queries of the SQLite backend. Each "-- name:" starts one statement.
+-- Every statement that changes a delivery names its lease token in the WHERE clause.
+
+-- name: job_by_id
+SELECT * FROM jobs WHERE id = :id;
+
+-- name: jobs_by_status
+SELECT * FROM jobs WHERE (:status IS NULL OR status = :status) ORDER BY id DESC LIMIT :limit;
+
+-- name: count_by_status
+SELECT status, count(*) AS n FROM jobs GROUP BY status;
+
+-- name: live_dedup_job
+-- A job holds its dedup key while queued or running, and for dedup_window_s after completion.
+SELECT * FROM jobs
+WHERE dedup_key = :dedup_key
+  AND (status IN ('queued', 'running')
+       OR (status = 'completed' AND finished_at + dedup_window_s > :now))
+ORDER BY id DESC LIMIT 1;
+
+-- name: count_dedup_hit
+UPDATE jobs SET dedup_hits = dedup_hits + 1 WHERE id = :id;
+
+-- name: insert_job
+INSERT INTO jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
+                  visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
+                  dedup_window_s, created_at)
+VALUES (:task, :queue, :payload, 'queued', :priority, :run_at, :run_at, :max_attempts,
+        :visibility_timeout_s, :operation_key, :resource_key, :lock_ttl_s, :dedup_key,
+        :dedup_window_s, :now)
+RETURNING *;
+
+-- name: ready_jobs
+-- Queued jobs whose time has come, and running jobs whose lease expired (a crashed or stalled
+-- worker): both are available_at <= now.
+SELECT id, status, attempts, max_attempts, lease_token FROM jobs
+WHERE queue = :queue AND status IN ('queued', 'running') AND available_at <= :now
+ORDER BY priority DESC, available_at, id
+LIMIT :limit;
+
+-- name: close_lost_attempts
+UPDATE attempts SET outcome = 'lost', ended_at = :now
+WHERE lease_token IN (SELECT value FROM json_each(:tokens)) AND outcome = 'running';
+
+-- name: bury_exhausted
+-- A job whose last allowed delivery never reported back (its worker died): attempts are charged
+-- at delivery, so it goes to the dead letter queue instead of looping forever (invariant 7).
+UPDATE jobs
+SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = :now,
+    dead_reason = 'attempts exhausted (' || attempts || '/' || max_attempts
+                  || '): the worker never reported back (crashed, killed or stalled past its lease)'
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'running';
+
+-- name: lease_jobs
+UPDATE jobs
+SET status = 'running', attempts = attempts + 1, worker_id = :worker_id,
+    lease_token = lower(hex(randomblob(16))), available_at = :now + visibility_timeout_s
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING *;
+
+-- name: insert_attempts
+INSERT INTO attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
+                      started_at)
+SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, :now
+FROM jobs WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING id, job_id;
+
+-- name: extend_lease
+UPDATE jobs SET available_at = :now + :visibility_timeout_s
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: lease_is_current
+SELECT 1 FROM jobs WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: finish_job
+UPDATE jobs
+SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = :now,
+    last_error = NULL
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: retry_job
+UPDATE jobs
+SET status = 'queued', available_at = :run_at, run_at = :run_at, lease_token = NULL,
+    last_error = :last_error, error_signature = :error_signature,
+    same_error_count = :same_error_count
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: defer_job
+-- Resource busy: not the job's fault, so the delivery's attempt is handed back.
+UPDATE jobs
+SET status = 'queued', available_at = :run_at, run_at = :run_at, lease_token = NULL,
+    attempts = attempts - 1, deferrals = deferrals + 1
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: release_job
+UPDATE jobs
+SET status = 'queued', available_at = :now, lease_token = NULL, attempts = attempts - 1
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: bury_job
+UPDATE jobs
+SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = :now,
+    dead_reason = :reason, last_error = :last_error, error_signature = :error_signature,
+    same_error_count = :same_error_count
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: bury_queued
+UPDATE jobs
+SET status = 'dead', available_at = NULL, finished_at = :now, dead_reason = :reason
+WHERE id = :job_id AND status = 'queued';
+
+-- name: close_attempt
+UPDATE attempts
+SET outcome = :outcome, ended_at = :now, duration_s = :duration_s, error_type = :error_type,
+    error_message = :error_message, traceback = :traceback, lock_owner = :lock_owner,
+    fence = :fence, steps_run = :steps_run, steps_skipped = :steps_skipped
+WHERE id = :attempt_id;
+
+-- name: mark_attempt
+-- Record on a stale delivery's own attempt row that its write was refused (diagnostics only).
+UPDATE attempts
+SET outcome = :outcome, ended_at = coalesce(ended_at, :now),
+    duration_s = coalesce(duration_s, :duration_s),
+    error_type = :error_type, error_message = :error_message
+WHERE id = :attempt_id;
+
+-- name: dead_jobs
+SELECT * FROM jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT :limit;
+
+-- name: replay_job
+-- Back to the queue with the same id, payload and keys (R7.3, invariant 8).
+UPDATE jobs
+SET status = 'queued', available_at = :now, run_at = :now, attempts = 0, deferrals = 0,
+    same_error_count = 0, error_signature = NULL, dead_reason = NULL, finished_at = NULL
+WHERE id = :job_id AND status = 'dead';
+
+-- name: purge_attempts
+DELETE FROM attempts
+WHERE job_id IN (SELECT id FROM jobs WHERE status = 'dead'
+                 AND (:job_id IS NULL OR id = :job_id));
+
+-- name: purge_jobs
+DELETE FROM jobs WHERE status = 'dead' AND (:job_id IS NULL OR id = :job_id);
+
+-- name: attempts_of_job
+SELECT * FROM attempts WHERE job_id = :job_id ORDER BY id;
+
+-- name: attempts_of_operation
+SELECT * FROM attempts WHERE operation_key = :operation_key ORDER BY id;
+
+-- name: recent_attempts
+SELECT * FROM attempts ORDER BY id DESC LIMIT :limit;
+
+-- name: lock_row
+SELECT resource, owner, fence, expires_at FROM locks WHERE resource = :resource;
+
+-- name: grant_lock
+INSERT INTO locks (resource, owner, fence, expires_at) VALUES (:resource, :owner, 1, :expires_at)
+ON CONFLICT (resource) DO UPDATE
+SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
+WHERE locks.owner IS NULL OR locks.expires_at <= :now
+RETURNING fence;
+
+-- name: renew_lock
+UPDATE locks SET expires_at = :expires_at WHERE resource = :resource AND owner = :owner;
+
+-- name: release_lock
+UPDATE locks SET owner = NULL, expires_at = NULL WHERE resource = :resource AND owner = :owner;
+
+-- name: operation_row
+SELECT * FROM operations WHERE key = :key;
+
+-- name: insert_operation
+INSERT INTO operations (key, status, resource_key, owner_lease, attempts, fence, created_at,
+                        updated_at)
+VALUES (:key, 'processing', :resource_key, :owner_lease, 1, :fence, :now, :now);
+
+-- name: claim_operation
+UPDATE operations
+SET status = 'processing', owner_lease = :owner_lease, attempts = attempts + 1, fence = :fence,
+    updated_at = :now
+WHERE key = :key AND status != 'completed';
+
+-- name: operation_owned
+SELECT 1 FROM operations WHERE key = :key AND owner_lease = :owner_lease;
+
+-- name: complete_operation
+UPDATE operations
+SET status = 'completed', result = :result, external_ref = :external_ref, fence = :fence,
+    owner_lease = NULL, updated_at = :now, completed_at = :now, last_error = NULL
+WHERE key = :key AND owner_lease = :owner_lease AND status = 'processing';
+
+-- name: fail_operation
+UPDATE operations
+SET status = :status, owner_lease = NULL, last_error = :last_error, updated_at = :now
+WHERE key = :key AND owner_lease = :owner_lease AND status = 'processing';
+
+-- name: steps_of_operation
+SELECT name, result FROM steps WHERE operation_key = :key;
+
+-- name: step_row
+SELECT result FROM steps WHERE operation_key = :key AND name = :name;
+
+-- name: insert_step
+INSERT INTO steps (operation_key, name, result, fence, created_at)
+VALUES (:key, :name, :result, :fence, :now);
+
+-- name: operation_by_lease_holder
+-- Is the operation's current claimant still alive (its lease unexpired)?
+SELECT 1 FROM jobs
+WHERE lease_token = :owner_lease AND status = 'running' AND available_at > :now;
+
+-- name: fail_operation_by_lease
+-- Graceful release: drop this delivery's claim on its operation so the next delivery can take it.
+UPDATE operations SET owner_lease = NULL, updated_at = :now WHERE owner_lease = :owner_lease;
+
+-- name: attempt_lock
+UPDATE attempts SET lock_owner = :lock_owner, fence = :fence WHERE id = :attempt_id;

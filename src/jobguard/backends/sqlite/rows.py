@@ -1,0 +1,101 @@
+"""Turn SQLite rows into the frozen models."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+
+from jobguard.models import Attempt, Delivery, Job, JobStatus, Operation, OperationStatus, Outcome
+
+
+def job(row: sqlite3.Row, *, deduplicated: bool = False) -> Job:
+    """A ``jobs`` row as a :class:`Job`."""
+    return Job(
+        id=row["id"],
+        task=row["task"],
+        queue=row["queue"],
+        payload=row["payload"],
+        status=JobStatus(row["status"]),
+        priority=row["priority"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        deferrals=row["deferrals"],
+        run_at=row["run_at"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+        visibility_timeout_s=row["visibility_timeout_s"],
+        operation_key=row["operation_key"],
+        resource_key=row["resource_key"],
+        lock_ttl_s=row["lock_ttl_s"],
+        dedup_key=row["dedup_key"],
+        last_error=row["last_error"],
+        dead_reason=row["dead_reason"],
+        deduplicated=deduplicated,
+    )
+
+
+def delivery(row: sqlite3.Row, attempt_id: int) -> Delivery:
+    """A freshly leased ``jobs`` row as a :class:`Delivery`."""
+    return Delivery(
+        job_id=row["id"],
+        task=row["task"],
+        queue=row["queue"],
+        payload=row["payload"],
+        attempt=row["attempts"],
+        max_attempts=row["max_attempts"],
+        deferrals=row["deferrals"],
+        created_at=row["created_at"],
+        lease_token=row["lease_token"],
+        attempt_id=attempt_id,
+        lease_expires_at=row["available_at"],
+        visibility_timeout_s=row["visibility_timeout_s"],
+        operation_key=row["operation_key"],
+        resource_key=row["resource_key"],
+        lock_ttl_s=row["lock_ttl_s"],
+        error_signature=row["error_signature"],
+        same_error_count=row["same_error_count"],
+    )
+
+
+def operation(row: sqlite3.Row, steps: Sequence[sqlite3.Row]) -> Operation:
+    """An ``operations`` row and its ``steps`` rows as an :class:`Operation`."""
+    return Operation(
+        key=row["key"],
+        status=OperationStatus(row["status"]),
+        resource_key=row["resource_key"],
+        result=json.loads(row["result"]) if row["result"] is not None else None,
+        external_ref=row["external_ref"],
+        attempts=row["attempts"],
+        fence=row["fence"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        completed_at=row["completed_at"],
+        last_error=row["last_error"],
+        steps={step["name"]: json.loads(step["result"]) for step in steps},
+    )
+
+
+def attempt(row: sqlite3.Row) -> Attempt:
+    """An ``attempts`` row as an :class:`Attempt`."""
+    return Attempt(
+        id=row["id"],
+        job_id=row["job_id"],
+        attempt=row["attempt"],
+        task=row["task"],
+        queue=row["queue"],
+        operation_key=row["operation_key"],
+        worker_id=row["worker_id"],
+        lease_token=row["lease_token"],
+        lock_owner=row["lock_owner"],
+        fence=row["fence"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        duration_s=row["duration_s"],
+        outcome=Outcome(row["outcome"]),
+        error_type=row["error_type"],
+        error_message=row["error_message"],
+        traceback=row["traceback"],
+        steps_run=row["steps_run"],
+        steps_skipped=row["steps_skipped"],
+    )

@@ -1,0 +1,1 @@
+"""The ``jobguard`` command line."""

@@ -1,0 +1,96 @@
+"""The ``jobguard`` command: one entry point, subcommands loaded on demand.
+
+Exit codes (also in ``docs/cli.md``):
+
+* 0 — success
+* 1 — the command ran and failed (e.g. not found, the demo's invariants did not hold)
+* 2 — bad usage or arguments (click's convention)
+* 3 — the store is unavailable (cannot open, locked past its timeout)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from jobguard.cli.state import CliState
+from jobguard.exceptions import (
+    ConfigurationError,
+    EnqueueError,
+    JobGuardError,
+    StoreUnavailableError,
+)
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_STORE_UNAVAILABLE = 3
+
+# name -> "module:attribute"; modules are imported only when their command runs.
+COMMANDS = {
+    "worker": "jobguard.cli.worker_cmd:worker",
+    "enqueue": "jobguard.cli.jobs_cmd:enqueue",
+    "jobs": "jobguard.cli.jobs_cmd:jobs",
+    "attempts": "jobguard.cli.jobs_cmd:attempts",
+    "dlq": "jobguard.cli.dlq_cmd:dlq",
+    "demo": "jobguard.cli.demo_cmd:demo",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported when used, keeping start-up fast."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every command name, sorted."""
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Import and return one command."""
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attribute = target.split(":")
+        command: click.Command = getattr(importlib.import_module(module_name), attribute)
+        return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command, turning jobguard errors into one-line messages and exit codes."""
+        try:
+            return super().invoke(ctx)
+        except StoreUnavailableError as exc:
+            click.echo(f"error: store unavailable: {exc}", err=True)
+            sys.exit(EXIT_STORE_UNAVAILABLE)
+        except (ConfigurationError, EnqueueError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+        except JobGuardError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_FAILED)
+
+
+@click.group(cls=LazyGroup)
+@click.option(
+    "--app",
+    "app_path",
+    envvar="JOBGUARD_APP",
+    metavar="MODULE:ATTR",
+    help="Your App object, e.g. myproject.jobs:app (env JOBGUARD_APP).",
+)
+@click.option(
+    "--url",
+    envvar="JOBGUARD_URL",
+    metavar="URL",
+    help="Store URL when no --app is given (env JOBGUARD_URL; default sqlite:///jobguard.db).",
+)
+@click.version_option(package_name="jobguard")
+@click.pass_context
+def cli(ctx: click.Context, app_path: str | None, url: str | None) -> None:
+    """jobguard: background jobs whose side effects happen once."""
+    ctx.obj = CliState(app_path=app_path, url=url)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="jobguard")

@@ -1,0 +1,40 @@
+"""``jobguard worker``: run a worker process."""
+
+from __future__ import annotations
+
+import click
+
+from jobguard.cli.state import CliState
+
+
+@click.command()
+@click.option("--queues", "-q", default="", help="Comma-separated queues in priority order "
+              "(default: every registered task's queue).")
+@click.option("--concurrency", "-c", default=4, show_default=True, type=click.IntRange(1, 512),
+              help="Handler threads.")
+@click.option("--prefetch", default=None, type=click.IntRange(0, 4096),
+              help="Extra leased jobs buffered beyond concurrency (default: = concurrency).")
+@click.option("--grace-s", default=30.0, show_default=True, type=click.FloatRange(0),
+              help="On SIGTERM, how long running jobs may take before their leases are released.")
+@click.option("--burst", is_flag=True, help="Exit once no job is ready and none is running.")
+@click.option("--worker-id", default=None, help="Name in the attempt log (default host:pid:rand).")
+@click.pass_obj
+def worker(
+    state: CliState,
+    queues: str,
+    concurrency: int,
+    prefetch: int | None,
+    grace_s: float,
+    burst: bool,
+    worker_id: str | None,
+) -> None:
+    """Fetch and run jobs until SIGTERM/SIGINT (graceful) or, with --burst, until idle."""
+    app = state.app_with_tasks()
+    names = [q.strip() for q in queues.split(",") if q.strip()] or None
+    runner = app.worker(
+        names, concurrency=concurrency, prefetch=prefetch, grace_s=grace_s, worker_id=worker_id
+    )
+    click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
+    stats = runner.run(burst=burst)
+    summary = ", ".join(f"{k}={v}" for k, v in sorted(stats.outcomes.items())) or "no jobs"
+    click.echo(f"worker stopped: {summary}; released {stats.released}", err=True)

@@ -1,0 +1,1 @@
+"""Pure decisions with no I/O: state transitions, retry and backoff, poison, keys, fencing."""

@@ -1,0 +1,100 @@
+"""Every error jobguard raises, under one root.
+
+::
+
+    JobGuardError
+    ├── ConfigurationError          bad task options, bad URL, unknown backend
+    ├── EnqueueError                a job was refused at the door; nothing was stored
+    │   ├── PayloadError            not JSON, too large, not a mapping
+    │   ├── KeyTemplateError        an operation/resource key template that cannot be built stably
+    │   └── UnknownTaskError        no task of that name is registered
+    ├── NotFoundError               no job / operation / dead job with that id
+    ├── StoreUnavailableError       the database went away or is locked past its timeout
+    ├── GuardLost                   this worker no longer owns the delivery; its writes are refused
+    │   ├── LeaseLostError          the job's lease token is stale (expired and redelivered, or released)
+    │   └── StaleFenceError         a newer lock holder exists for the resource (fencing token too old)
+    ├── LockBusyError               the resource lock is held by a live owner
+    └── HandlerDecision             raised by a handler to state what should happen next
+        ├── Retry                   retry later (optionally after ``delay_s``)
+        └── Fatal                   do not retry; move the job to the dead letter queue
+
+Driver errors (``sqlite3.Error`` and friends) are wrapped at the backend edge, chained with
+``from exc``, so callers never need to import a database driver to handle a jobguard condition.
+"""
+
+from __future__ import annotations
+
+
+class JobGuardError(Exception):
+    """Root of every error raised by jobguard."""
+
+
+class ConfigurationError(JobGuardError):
+    """A task, app or worker was configured with options that cannot work."""
+
+
+class EnqueueError(JobGuardError):
+    """A job was refused at enqueue time; nothing was stored."""
+
+
+class PayloadError(EnqueueError):
+    """The job's arguments are not a JSON object of acceptable size."""
+
+
+class KeyTemplateError(EnqueueError):
+    """An operation or resource key could not be built from stable job arguments."""
+
+
+class UnknownTaskError(EnqueueError):
+    """No task with this name is registered on the app."""
+
+
+class NotFoundError(JobGuardError):
+    """The requested job, dead job or operation does not exist."""
+
+
+class StoreUnavailableError(JobGuardError):
+    """The backing store could not be reached or stayed locked past its timeout."""
+
+
+class GuardLost(JobGuardError):
+    """This worker no longer owns the delivery; the store refused its write."""
+
+
+class LeaseLostError(GuardLost):
+    """The lease token is stale: the job was redelivered, released or finished by someone else."""
+
+
+class StaleFenceError(GuardLost):
+    """A newer lock holder exists for the resource; writes with the older fence are refused."""
+
+
+class LockBusyError(JobGuardError):
+    """The resource lock is held by another live owner."""
+
+    def __init__(self, resource: str) -> None:
+        super().__init__(f"resource is busy: {resource}")
+        self.resource = resource
+
+
+class HandlerDecision(JobGuardError):  # noqa: N818 - a decision, not a failure
+    """Base for exceptions a handler raises to decide the job's next step explicitly."""
+
+
+class Retry(HandlerDecision):  # noqa: N818 - reads as the decision it is: ``raise Retry(...)``
+    """Ask for the job to be retried, after ``delay_s`` seconds if given (else backoff).
+
+    Args:
+        reason: Why the job should be retried; stored with the attempt.
+        delay_s: Explicit delay before the next delivery; ``None`` uses the task's backoff.
+    """
+
+    def __init__(self, reason: str = "retry requested", *, delay_s: float | None = None) -> None:
+        super().__init__(reason)
+        if delay_s is not None and delay_s < 0:
+            raise ValueError("delay_s must be >= 0")
+        self.delay_s = delay_s
+
+
+class Fatal(HandlerDecision):  # noqa: N818 - reads as the decision it is: ``raise Fatal(...)``
+    """Declare the job unrecoverable: it goes to the dead letter queue without retrying."""

@@ -1,0 +1,80 @@
+"""The heartbeat: extends every in-flight lease and lock while the worker lives (R2.2, R3.3)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from jobguard.backends.base import Backend, Renewal
+from jobguard.context import InFlight
+from jobguard.exceptions import JobGuardError
+from jobguard.hooks import Hooks
+
+MIN_INTERVAL_S = 0.05
+IDLE_INTERVAL_S = 1.0
+
+
+def renewal_interval_s(inflight: list[InFlight]) -> float:
+    """A third of the shortest lease or lock in flight, so two beats may fail before expiry."""
+    periods = [item.delivery.visibility_timeout_s for item in inflight]
+    periods += [item.lock_ttl_s for item in inflight if item.lock_ttl_s]
+    if not periods:
+        return IDLE_INTERVAL_S
+    return max(MIN_INTERVAL_S, min(periods) / 3.0)
+
+
+class Heartbeat(threading.Thread):
+    """Background thread renewing what ``snapshot()`` returns until ``stop()``."""
+
+    def __init__(
+        self, backend: Backend, snapshot: Callable[[], list[InFlight]], hooks: Hooks
+    ) -> None:
+        super().__init__(name="jobguard-heartbeat", daemon=True)
+        self._backend = backend
+        self._snapshot = snapshot
+        self._hooks = hooks
+        self._stopped = threading.Event()
+        self._wake = threading.Event()
+
+    def stop(self) -> None:
+        """Stop renewing (leases then expire on their own or are released)."""
+        self._stopped.set()
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Re-evaluate the interval now (new, shorter leases arrived)."""
+        self._wake.set()
+
+    def run(self) -> None:
+        """Beat until stopped."""
+        while not self._stopped.is_set():
+            current = self._snapshot()
+            self._wake.wait(renewal_interval_s(current))
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
+            self.beat()
+
+    def beat(self) -> None:
+        """Renew everything in flight once; mark the lost ones."""
+        current = [item for item in self._snapshot() if not item.lost.is_set()]
+        if not current:
+            return
+        renewals = [
+            Renewal(item.guard, item.delivery.visibility_timeout_s, item.lock_ttl_s)
+            for item in current
+        ]
+        try:
+            results = self._backend.renew(renewals)
+        except JobGuardError as exc:
+            self._hooks.store_error("heartbeat", exc)
+            return
+        for item, result in zip(current, results, strict=True):
+            if not result.lease_ok:
+                reason = "lease expired and was taken over"
+            elif not result.lock_ok:
+                reason = "resource lock expired and was taken over"
+            else:
+                continue
+            item.mark_lost(reason)
+            self._hooks.lease_lost(item.delivery, reason)

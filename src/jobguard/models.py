@@ -1,0 +1,189 @@
+"""Frozen values that cross the boundary between the store, the pipeline and users' code.
+
+Timestamps are seconds since the Unix epoch (UTC) as floats, taken from the store's clock; the
+``*_at`` properties named ``..._dt`` give aware ``datetime`` objects for display.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life. ``COMPLETED`` and ``DEAD`` are final until a replay."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DEAD = "dead"
+
+
+class OperationStatus(StrEnum):
+    """State of the durable record of one business action (R4.2)."""
+
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class Outcome(StrEnum):
+    """How one delivery (attempt) ended; recorded in the attempt log (R8.1)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    ALREADY_PROCESSED = "already_processed"
+    RETRY = "retry"
+    DEFERRED = "deferred"
+    DEAD = "dead"
+    RELEASED = "released"
+    LOST = "lost"
+    LEASE_REFUSED = "lease_refused"
+    FENCE_REFUSED = "fence_refused"
+
+
+def to_datetime(ts: float | None) -> datetime | None:
+    """Convert store seconds to an aware UTC datetime (``None`` stays ``None``)."""
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """Everything needed to store a new job; built by the app after validation."""
+
+    task: str
+    queue: str
+    payload: str
+    max_attempts: int
+    visibility_timeout_s: float
+    priority: int = 0
+    delay_s: float = 0.0
+    operation_key: str | None = None
+    resource_key: str | None = None
+    lock_ttl_s: float | None = None
+    dedup_key: str | None = None
+    dedup_window_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A stored job as the store sees it now."""
+
+    id: int
+    task: str
+    queue: str
+    payload: str
+    status: JobStatus
+    priority: int
+    attempts: int
+    max_attempts: int
+    deferrals: int
+    run_at: float
+    created_at: float
+    finished_at: float | None
+    visibility_timeout_s: float
+    operation_key: str | None
+    resource_key: str | None
+    lock_ttl_s: float | None
+    dedup_key: str | None
+    last_error: str | None
+    dead_reason: str | None
+    deduplicated: bool = False
+    """True when enqueue returned an existing job instead of storing a new one (R5.1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One lease on one job, handed to exactly one worker (R2.1)."""
+
+    job_id: int
+    task: str
+    queue: str
+    payload: str
+    attempt: int
+    max_attempts: int
+    deferrals: int
+    created_at: float
+    lease_token: str
+    attempt_id: int
+    lease_expires_at: float
+    visibility_timeout_s: float
+    operation_key: str | None
+    resource_key: str | None
+    lock_ttl_s: float | None
+    error_signature: str | None
+    same_error_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockGrant:
+    """Ownership of a resource lock: the owner token and its fencing token (R3.2, R3.5)."""
+
+    resource: str
+    owner: str
+    fence: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """What a write must prove: the delivery's lease and, if any, the lock grant's fence."""
+
+    job_id: int
+    lease_token: str
+    attempt_id: int
+    lock: LockGrant | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """The durable record of one business action, unique on its key (R4.2)."""
+
+    key: str
+    status: OperationStatus
+    resource_key: str | None
+    result: Any
+    external_ref: str | None
+    attempts: int
+    fence: int | None
+    created_at: float
+    updated_at: float
+    completed_at: float | None
+    last_error: str | None
+    steps: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One delivery of one job with the metadata of R8.1."""
+
+    id: int
+    job_id: int
+    attempt: int
+    task: str
+    queue: str
+    operation_key: str | None
+    worker_id: str
+    lease_token: str
+    lock_owner: str | None
+    fence: int | None
+    started_at: float
+    ended_at: float | None
+    duration_s: float | None
+    outcome: Outcome
+    error_type: str | None
+    error_message: str | None
+    traceback: str | None
+    steps_run: int
+    steps_skipped: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadJob:
+    """A job in the dead letter queue, with every attempt's metadata (R7.1)."""
+
+    job: Job
+    reason: str
+    attempts: list[Attempt]

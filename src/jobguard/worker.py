@@ -1,0 +1,260 @@
+"""The worker: fetch with leases, run deliveries on threads, heartbeat, shut down gracefully.
+
+One fetch thread (the caller of :meth:`Worker.run`) keeps a small local buffer of leased jobs
+(``concurrency + prefetch``), ``concurrency`` handler threads run them through the pipeline, and
+the heartbeat thread extends every lease held, buffered ones included.
+
+On SIGTERM or SIGINT (or :meth:`Worker.stop`): no new fetches; buffered jobs are released at
+once; running jobs get ``grace_s`` to finish; what still runs then is released without charging
+an attempt (invariant 9) and its late writes are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_module
+import random
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from jobguard.context import InFlight
+from jobguard.exceptions import ConfigurationError, JobGuardError
+from jobguard.heartbeat import Heartbeat
+from jobguard.models import Delivery, Outcome
+from jobguard.pipeline import Pipeline, guard_of
+from jobguard.task import check_queue_name
+
+if TYPE_CHECKING:
+    from jobguard.app import App
+
+log = logging.getLogger("jobguard.worker")
+
+_STOP = object()
+
+
+@dataclass
+class WorkerStats:
+    """Counts of how this worker's deliveries ended."""
+
+    fetched: int = 0
+    outcomes: dict[Outcome, int] = field(default_factory=dict)
+    released: int = 0
+
+    def count(self, outcome: Outcome) -> None:
+        """Add one delivery that ended with ``outcome``."""
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+def default_worker_id() -> str:
+    """``host:pid:random`` — unique per process, readable in the attempt log."""
+    return f"{socket.gethostname()}:{os.getpid()}:{random.randrange(16**4):04x}"
+
+
+class Worker:
+    """Runs jobs from some queues until stopped (or, in burst mode, until nothing is ready).
+
+    Args:
+        app: The app whose tasks and store to use.
+        queues: Queue names in priority order: earlier queues are fetched from first.
+        concurrency: Handler threads.
+        prefetch: Extra leased jobs kept buffered beyond ``concurrency`` (leases are renewed).
+        grace_s: On shutdown, how long running jobs may take to finish before being released.
+        poll_interval_s: Longest sleep between fetches while the queues are empty.
+        worker_id: Name in the attempt log; default ``host:pid:random``.
+        heartbeat: Renew leases and locks. Turning it off exists only to show what goes wrong
+            without it (``jobguard demo --unsafe``); never do it in production.
+        install_signal_handlers: Handle SIGTERM/SIGINT when run on the main thread.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        queues: list[str] | None = None,
+        *,
+        concurrency: int = 4,
+        prefetch: int | None = None,
+        grace_s: float = 30.0,
+        poll_interval_s: float = 0.5,
+        worker_id: str | None = None,
+        heartbeat: bool = True,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigurationError("concurrency must be >= 1")
+        self.app = app
+        self.queues = [check_queue_name(q) for q in (queues or app.queues())]
+        if not self.queues:
+            raise ConfigurationError("the worker has no queue to fetch from")
+        self.concurrency = concurrency
+        self.prefetch = concurrency if prefetch is None else max(0, prefetch)
+        self.grace_s = grace_s
+        self.poll_interval_s = poll_interval_s
+        self.worker_id = worker_id or default_worker_id()
+        self.use_heartbeat = heartbeat
+        self.install_signal_handlers = install_signal_handlers
+        self.stats = WorkerStats()
+        self._inflight: dict[str, InFlight] = {}
+        self._inflight_lock = threading.Lock()
+        self._slot_freed = threading.Condition(self._inflight_lock)
+        self._buffer: queue_module.Queue[InFlight | object] = queue_module.Queue()
+        self._stopping = threading.Event()
+        self._pipeline = Pipeline(app.backend, app.tasks, self.worker_id, app.hooks)
+        self._heartbeat = Heartbeat(app.backend, self._snapshot, app.hooks)
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to stop fetching and shut down gracefully."""
+        self._stopping.set()
+        with self._slot_freed:
+            self._slot_freed.notify_all()
+
+    def run(self, burst: bool = False) -> WorkerStats:
+        """Work until stopped; with ``burst=True`` return once nothing is ready or running."""
+        restore = self._install_signals()
+        threads = [
+            threading.Thread(target=self._handle_loop, name=f"jobguard-handler-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        for thread in threads:
+            thread.start()
+        if self.use_heartbeat:
+            self._heartbeat.start()
+        self.app.hooks.worker_started(self.worker_id, self.queues)
+        try:
+            self._fetch_loop(burst)
+        finally:
+            self._shutdown(threads)
+            restore()
+        return self.stats
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    def _fetch_loop(self, burst: bool) -> None:
+        limit = self.concurrency + self.prefetch
+        idle_sleep = 0.005
+        while not self._stopping.is_set():
+            with self._slot_freed:
+                # Refill when the buffer ran below one batch of work, so fetches stay batched.
+                while len(self._inflight) > limit - max(1, self.concurrency // 2) and not (
+                    self._stopping.is_set()
+                ):
+                    self._slot_freed.wait(self.poll_interval_s)
+                room = limit - len(self._inflight)
+            if self._stopping.is_set():
+                return
+            try:
+                deliveries = self.app.backend.fetch(self.queues, room, self.worker_id)
+            except JobGuardError as exc:
+                self.app.hooks.store_error("fetch", exc)
+                log.warning("fetch failed, retrying: %s", exc)
+                self._stopping.wait(min(1.0, self.poll_interval_s * 2))
+                continue
+            if deliveries:
+                idle_sleep = 0.005
+                self._accept(deliveries)
+                continue
+            with self._inflight_lock:
+                idle = not self._inflight
+            if burst and idle:
+                return
+            # Empty queue: back off gently up to the poll interval.
+            self._stopping.wait(idle_sleep)
+            idle_sleep = min(self.poll_interval_s, idle_sleep * 2)
+
+    def _accept(self, deliveries: list[Delivery]) -> None:
+        items = [InFlight(delivery, guard_of(delivery), None) for delivery in deliveries]
+        with self._inflight_lock:
+            for item in items:
+                self._inflight[item.delivery.lease_token] = item
+        self.stats.fetched += len(items)
+        self._heartbeat.poke()
+        for item in items:
+            self._buffer.put(item)
+
+    def _snapshot(self) -> list[InFlight]:
+        with self._inflight_lock:
+            return list(self._inflight.values())
+
+    # -- handling -------------------------------------------------------------------------------
+
+    def _handle_loop(self) -> None:
+        while True:
+            item = self._buffer.get()
+            if item is _STOP:
+                return
+            assert isinstance(item, InFlight)
+            if self._stopping.is_set():
+                # Shutdown began while this lease sat in the buffer: hand it back untouched.
+                self._done(item)
+                continue
+            item.started = True
+            try:
+                settled = self._pipeline.run(item)
+                self.stats.count(settled.outcome)
+            except JobGuardError as exc:
+                # The store failed mid-delivery: the lease expires and the job is redelivered.
+                self.app.hooks.store_error("pipeline", exc)
+                log.warning("job %s: store error, leaving it to its lease: %s",
+                            item.delivery.job_id, exc)
+            except Exception:
+                log.exception("job %s: unexpected error in the pipeline", item.delivery.job_id)
+            self._done(item)
+
+    def _done(self, item: InFlight) -> None:
+        with self._slot_freed:
+            if not (self._stopping.is_set() and not item.started):
+                self._inflight.pop(item.delivery.lease_token, None)
+            self._slot_freed.notify_all()
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    def _shutdown(self, threads: list[threading.Thread]) -> None:
+        self._stopping.set()
+        for _ in threads:
+            self._buffer.put(_STOP)
+        deadline = time.monotonic() + self.grace_s
+        with self._slot_freed:
+            while True:
+                running = [item for item in self._inflight.values() if item.started]
+                if not running or time.monotonic() >= deadline:
+                    break
+                self._slot_freed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            leftovers = list(self._inflight.values())
+            self._inflight.clear()
+        self._heartbeat.stop()
+        if leftovers:
+            for item in leftovers:
+                item.mark_lost("released at shutdown")
+            try:
+                self.stats.released = self.app.backend.release([item.guard for item in leftovers])
+            except JobGuardError as exc:
+                self.app.hooks.store_error("release", exc)
+                log.warning("could not release %d leases at shutdown: %s", len(leftovers), exc)
+        self.app.hooks.worker_stopped(self.worker_id, self.stats.released)
+
+    def _install_signals(self) -> Callable[[], None]:
+        on_main = threading.current_thread() is threading.main_thread()
+        if not self.install_signal_handlers or not on_main:
+            return lambda: None
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            if self._stopping.is_set():
+                self.grace_s = 0.0  # a second signal: stop waiting for running jobs
+            log.info("signal %d: stopping gracefully", signum)
+            self.stop()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore

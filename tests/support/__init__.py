@@ -1,0 +1,1 @@
+"""Shared test support: real worker processes and the apps they run."""

@@ -1,0 +1,130 @@
+"""Start, signal and reap real worker processes for chaos tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkerProcess:
+    """A worker running in its own interpreter, started by :func:`spawn_worker`."""
+
+    def __init__(self, popen: subprocess.Popen[str]) -> None:
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        """The operating system process id."""
+        return self.popen.pid
+
+    def wait_ready(self, timeout_s: float = 20.0) -> None:
+        """Block until the worker printed READY (it is about to fetch)."""
+        assert self.popen.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.popen.stdout.readline()
+            if line.startswith("READY"):
+                return
+            if not line and self.popen.poll() is not None:
+                raise RuntimeError(f"worker exited early with {self.popen.returncode}")
+        raise TimeoutError("worker did not become ready")
+
+    def signal(self, signum: int) -> None:
+        """Send a signal (SIGKILL, SIGSTOP, SIGCONT, SIGTERM...)."""
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signum)
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        """Wait for the process to exit; return its exit code (negative: killed by signal)."""
+        return self.popen.wait(timeout=timeout_s)
+
+    def output(self) -> str:
+        """What the process printed (after it exited)."""
+        assert self.popen.stdout is not None
+        return self.popen.stdout.read()
+
+    def kill(self) -> None:
+        """SIGKILL (after SIGCONT, in case it is stopped) and reap."""
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGCONT)
+            self.popen.kill()
+        self.popen.wait(timeout=10)
+
+
+def spawn_worker(
+    db_path: str | Path,
+    app_module: str,
+    *,
+    queues: list[str] | None = None,
+    concurrency: int = 1,
+    prefetch: int = 0,
+    grace_s: float = 5.0,
+    worker_id: str | None = None,
+    burst: bool = False,
+    heartbeat: bool = True,
+    env: dict[str, str] | None = None,
+) -> WorkerProcess:
+    """Start ``tests.support.run_worker`` in a new interpreter against ``db_path``."""
+    command = [
+        sys.executable,
+        "-m",
+        "tests.support.run_worker",
+        "--db",
+        str(db_path),
+        "--app",
+        app_module,
+        "--queues",
+        ",".join(queues or []),
+        "--concurrency",
+        str(concurrency),
+        "--prefetch",
+        str(prefetch),
+        "--grace-s",
+        str(grace_s),
+    ]
+    if worker_id:
+        command += ["--worker-id", worker_id]
+    if burst:
+        command.append("--burst")
+    if not heartbeat:
+        command.append("--no-heartbeat")
+    process_env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+    process_env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + process_env.get("PYTHONPATH", "")
+    process_env.update(env or {})
+    popen = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=process_env,
+        stdout=subprocess.PIPE,
+        stderr=None,
+        text=True,
+    )
+    return WorkerProcess(popen)
+
+
+@contextmanager
+def workers(*procs: WorkerProcess) -> Iterator[tuple[WorkerProcess, ...]]:
+    """Make sure every process is killed and reaped, whatever the test did."""
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0, interval_s: float = 0.02) -> None:
+    """Poll ``predicate`` until true; raise ``TimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise TimeoutError(f"condition not met within {timeout_s}s")
