@@ -131,7 +131,10 @@ class MailServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout fault): the email stands, the answer is lost
 
             def do_GET(self) -> None:
                 if self.path == "/log":
@@ -160,7 +163,10 @@ class MailServer:
                     return
                 if fault == "timeout":
                     time.sleep(service.faults.timeout_s)
-                self._reply(200, {"message_id": message_id, "replayed": replayed})
+                try:
+                    self._reply(200, {"message_id": message_id, "replayed": replayed})
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout fault): the email stands, the answer is lost
 
         return Handler
 
