@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, overload
 
 from jobguard.backends import DEFAULT_URL, open_backend
@@ -14,10 +14,11 @@ from jobguard.core.retry import RetryPolicy
 from jobguard.exceptions import ConfigurationError, LockBusyError, UnknownTaskError
 from jobguard.hooks import Hooks
 from jobguard.models import Attempt, DeadJob, Job, JobStatus, LockGrant, Operation
-from jobguard.task import CallOptions, Task
+from jobguard.task import CallOptions, Task, check_queue_name
 from jobguard.worker import Worker
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+DEFAULT_VISIBILITY_TIMEOUT_S = 30.0
 
 
 class DeadLetterQueue:
@@ -63,6 +64,8 @@ class App:
         backend: An already-built backend (overrides ``url``).
         max_payload_bytes: Largest JSON payload accepted at enqueue (default 1 MiB).
         hooks: Callbacks for metrics and logs.
+        queue_visibility_timeouts_s: Per-queue lease length for tasks that do not set their own
+            ``visibility_timeout_s`` (R2.3), e.g. ``{"slow": 300}``; others get 30 s.
     """
 
     def __init__(
@@ -72,9 +75,15 @@ class App:
         backend: Backend | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         hooks: Hooks | None = None,
+        queue_visibility_timeouts_s: Mapping[str, float] | None = None,
     ) -> None:
         if max_payload_bytes < 1:
             raise ConfigurationError("max_payload_bytes must be >= 1")
+        self.queue_visibility_timeouts_s: dict[str, float] = {}
+        for queue, timeout_s in (queue_visibility_timeouts_s or {}).items():
+            if timeout_s <= 0:
+                raise ConfigurationError(f"queue {queue!r}: visibility timeout must be > 0")
+            self.queue_visibility_timeouts_s[check_queue_name(queue)] = float(timeout_s)
         self.url = url or (backend.url if backend is not None else DEFAULT_URL)
         self._backend = backend
         self._backend_lock = threading.Lock()
@@ -110,7 +119,7 @@ class App:
         *,
         name: str | None = None,
         queue: str = "default",
-        visibility_timeout_s: float = 30.0,
+        visibility_timeout_s: float | None = None,
         max_attempts: int = 5,
         backoff_base_s: float = 1.0,
         backoff_cap_s: float = 300.0,
@@ -132,7 +141,7 @@ class App:
         *,
         name: str | None = None,
         queue: str = "default",
-        visibility_timeout_s: float = 30.0,
+        visibility_timeout_s: float | None = None,
         max_attempts: int = 5,
         backoff_base_s: float = 1.0,
         backoff_cap_s: float = 300.0,
@@ -152,6 +161,7 @@ class App:
             name: Registered name (default ``module.function``).
             queue: Default queue (a plain identifier).
             visibility_timeout_s: Lease length; renewed by the heartbeat while the job runs (R2).
+                Default: the queue's (``queue_visibility_timeouts_s``), else 30 s.
             max_attempts: Deliveries allowed, charged at delivery (R6.2, invariant 7).
             backoff_base_s: Full-jitter exponential backoff base.
             backoff_cap_s: Longest backoff delay.
@@ -204,6 +214,10 @@ class App:
             return register(fn)
         return register
 
+    def visibility_timeout_for(self, queue: str) -> float:
+        """The lease length of ``queue`` for tasks that do not set their own (default 30 s)."""
+        return self.queue_visibility_timeouts_s.get(queue, DEFAULT_VISIBILITY_TIMEOUT_S)
+
     def queues(self) -> list[str]:
         """The default queues of the registered tasks, in registration order."""
         return list(dict.fromkeys(task.queue for task in self.tasks.values()))
@@ -252,7 +266,9 @@ class App:
         return Worker(self, queues, **options)
 
     @contextlib.contextmanager
-    def lock(self, resource: str, ttl_s: float = 30.0, *, renew: bool = True) -> Iterator[LockGrant]:
+    def lock(
+        self, resource: str, ttl_s: float = 30.0, *, renew: bool = True
+    ) -> Iterator[LockGrant]:
         """Hold the resource lock for a block of code outside jobs (R3).
 
         Raises :class:`~jobguard.exceptions.LockBusyError` if another live owner holds it. While

@@ -11,7 +11,7 @@ from jobguard.core.keys import idempotency_key
 from jobguard.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from jobguard.backends.base import Backend
+    from jobguard.backends.base import Backend, Begun
     from jobguard.models import Delivery, Guard
 
 T = TypeVar("T")
@@ -30,6 +30,7 @@ class InFlight:
         self.lost = threading.Event()
         self.lost_reason = ""
         self.started = False
+        self.begun: Begun | None = None
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lease or lock is gone; the handler's writes will be refused."""

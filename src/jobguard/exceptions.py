@@ -11,8 +11,8 @@
     ├── NotFoundError               no job / operation / dead job with that id
     ├── StoreUnavailableError       the database went away or is locked past its timeout
     ├── GuardLost                   this worker no longer owns the delivery; its writes are refused
-    │   ├── LeaseLostError          the job's lease token is stale (expired and redelivered, or released)
-    │   └── StaleFenceError         a newer lock holder exists for the resource (fencing token too old)
+    │   ├── LeaseLostError          the lease token is stale (redelivered, released, finished)
+    │   └── StaleFenceError         a newer lock holder exists (its fencing token is older)
     ├── LockBusyError               the resource lock is held by a live owner
     └── HandlerDecision             raised by a handler to state what should happen next
         ├── Retry                   retry later (optionally after ``delay_s``)
@@ -77,11 +77,11 @@ class LockBusyError(JobGuardError):
         self.resource = resource
 
 
-class HandlerDecision(JobGuardError):  # noqa: N818 - a decision, not a failure
+class HandlerDecision(JobGuardError):
     """Base for exceptions a handler raises to decide the job's next step explicitly."""
 
 
-class Retry(HandlerDecision):  # noqa: N818 - reads as the decision it is: ``raise Retry(...)``
+class Retry(HandlerDecision):
     """Ask for the job to be retried, after ``delay_s`` seconds if given (else backoff).
 
     Args:
@@ -96,5 +96,5 @@ class Retry(HandlerDecision):  # noqa: N818 - reads as the decision it is: ``rai
         self.delay_s = delay_s
 
 
-class Fatal(HandlerDecision):  # noqa: N818 - reads as the decision it is: ``raise Fatal(...)``
+class Fatal(HandlerDecision):
     """Declare the job unrecoverable: it goes to the dead letter queue without retrying."""

@@ -17,7 +17,11 @@ IDLE_INTERVAL_S = 1.0
 def renewal_interval_s(inflight: list[InFlight]) -> float:
     """A third of the shortest lease or lock in flight, so two beats may fail before expiry."""
     periods = [item.delivery.visibility_timeout_s for item in inflight]
-    periods += [item.lock_ttl_s for item in inflight if item.lock_ttl_s]
+    # The delivery's lock TTL counts before the lock is granted: the pipeline takes the lock
+    # after this interval was chosen, and nothing wakes the heartbeat then.
+    periods += [
+        ttl_s for item in inflight if (ttl_s := item.lock_ttl_s or item.delivery.lock_ttl_s)
+    ]
     if not periods:
         return IDLE_INTERVAL_S
     return max(MIN_INTERVAL_S, min(periods) / 3.0)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import secrets
@@ -23,11 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from jobguard.backends.base import Backend, Closing, ErrorInfo
+from jobguard.backends.base import Backend, BeginRequest, Closing, ErrorInfo
 from jobguard.context import Context, InFlight
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
 from jobguard.exceptions import GuardLost, LeaseLostError, StaleFenceError
-from jobguard.models import Delivery, Guard, Outcome, OperationStatus
+from jobguard.models import Delivery, Guard, OperationStatus, Outcome
 
 if TYPE_CHECKING:
     from jobguard.hooks import Hooks
@@ -44,7 +45,9 @@ class Settled:
 
 def guard_of(delivery: Delivery) -> Guard:
     """The guard of a fresh delivery (no lock yet)."""
-    return Guard(job_id=delivery.job_id, lease_token=delivery.lease_token, attempt_id=delivery.attempt_id)
+    return Guard(
+        job_id=delivery.job_id, lease_token=delivery.lease_token, attempt_id=delivery.attempt_id
+    )
 
 
 class Pipeline:
@@ -73,6 +76,41 @@ class Pipeline:
             settled = self._refused(inflight, exc, started)
         self.hooks.delivery_settled(inflight.delivery, settled.outcome, time.monotonic() - started)
         return settled
+
+    def begin_request(self, delivery: Delivery, task: Task) -> BeginRequest | None:
+        """What must hold before the handler runs: a lock, an operation claim, or nothing."""
+        if delivery.resource_key is None and delivery.operation_key is None:
+            return None
+        return BeginRequest(
+            resource_key=delivery.resource_key,
+            lock_owner=f"{self.worker_id}/{secrets.token_hex(8)}",
+            lock_ttl_s=delivery.lock_ttl_s or task.lock_ttl_s,
+            operation_key=delivery.operation_key,
+        )
+
+    def prepare(self, batch: list[InFlight]) -> None:
+        """Lock and claim for a whole fetched batch in one store call (a throughput lever).
+
+        Results are kept on each :class:`InFlight` and used by :meth:`run`; a grant taken here
+        is renewed by the heartbeat from now on. Deliveries the pipeline will bury (unknown task)
+        are skipped.
+        """
+        items: list[tuple[InFlight, BeginRequest]] = []
+        for inflight in batch:
+            task = self.tasks.get(inflight.delivery.task)
+            request = self.begin_request(inflight.delivery, task) if task else None
+            if request is not None:
+                items.append((inflight, request))
+        if not items:
+            return
+        results = self.backend.begin_many([(item.guard, request) for item, request in items])
+        for (inflight, request), begun in zip(items, results, strict=True):
+            if begun is None:
+                continue
+            inflight.begun = begun
+            if begun.grant is not None:
+                inflight.guard = replace(inflight.guard, lock=begun.grant)
+                inflight.lock_ttl_s = request.lock_ttl_s
 
     def _closing(self, started: float, ctx: Context | None = None) -> Closing:
         duration = time.monotonic() - started
@@ -109,26 +147,23 @@ class Pipeline:
         if isinstance(arguments, str):
             return self._bury_unrunnable(inflight, arguments, started)
 
-        if delivery.resource_key is not None:
-            busy = self._lock(inflight, task, started)
-            if busy is not None:
-                return busy
-
         stored_steps: dict[str, Any] = {}
-        if delivery.operation_key is not None:
-            operation = self.backend.begin_operation(
-                inflight.guard, delivery.operation_key, delivery.resource_key
-            )
-            if operation is None:
-                return self._defer(
-                    inflight, task, started, f"operation {delivery.operation_key!r} is in progress"
-                )
-            if operation.status == OperationStatus.COMPLETED:
+        request = self.begin_request(delivery, task)
+        if request is not None:
+            begun = inflight.begun or self.backend.begin(inflight.guard, request)
+            if begun.busy is not None:
+                return self._defer(inflight, task, started, begun.busy)
+            if begun.grant is not None:
+                inflight.guard = replace(inflight.guard, lock=begun.grant)
+                inflight.lock_ttl_s = request.lock_ttl_s
+            operation = begun.operation
+            if operation is not None and operation.status == OperationStatus.COMPLETED:
                 self.backend.finish(
                     inflight.guard, self._closing(started), outcome=Outcome.ALREADY_PROCESSED
                 )
                 return Settled(Outcome.ALREADY_PROCESSED, "already processed")
-            stored_steps = operation.steps
+            if operation is not None:
+                stored_steps = operation.steps
 
         ctx = Context(
             backend=self.backend,
@@ -153,23 +188,9 @@ class Pipeline:
         )
         return Settled(Outcome.COMPLETED)
 
-    def _lock(self, inflight: InFlight, task: Task, started: float) -> Settled | None:
-        delivery = inflight.delivery
-        assert delivery.resource_key is not None
-        owner = f"{self.worker_id}/{secrets.token_hex(8)}"
-        ttl_s = delivery.lock_ttl_s or task.lock_ttl_s
-        grant = self.backend.acquire_lock(
-            delivery.resource_key, owner, ttl_s, attempt_id=delivery.attempt_id
-        )
-        if grant is None:
-            return self._defer(inflight, task, started, f"resource is busy: {delivery.resource_key}")
-        inflight.guard = replace(inflight.guard, lock=grant)
-        inflight.lock_ttl_s = ttl_s
-        return None
-
     def _defer(self, inflight: InFlight, task: Task, started: float, reason: str) -> Settled:
         delivery = inflight.delivery
-        waited_s = time.time() - delivery.created_at
+        waited_s = self.backend.now() - delivery.created_at  # both on the store clock
         if waited_s > task.max_defer_s:
             return self._bury_unrunnable(
                 inflight,
@@ -225,12 +246,10 @@ class Pipeline:
         if isinstance(exc, StaleFenceError):
             # The lease may still be ours (only the lock was lost): hand the job back uncharged
             # so it runs again under a fresh lock; the stale work is discarded.
-            try:
+            with contextlib.suppress(LeaseLostError):
                 self.backend.defer(
                     inflight.guard, closing, delay_s=deferral_delay_s(0, self.rng), reason=str(exc)
                 )
-            except LeaseLostError:
-                pass
             outcome = Outcome.FENCE_REFUSED
         else:
             outcome = Outcome.LEASE_REFUSED

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from jobguard.app import App
 
 QUEUE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
-TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,199}")
+TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}")  # <locals> of nested handlers
 
 
 def check_queue_name(queue: str) -> str:
@@ -69,7 +69,7 @@ class Task:
         *,
         name: str,
         queue: str,
-        visibility_timeout_s: float,
+        visibility_timeout_s: float | None,
         policy: RetryPolicy,
         priority: int,
         operation_key: str | None,
@@ -80,7 +80,7 @@ class Task:
     ) -> None:
         if not TASK_NAME.fullmatch(name):
             raise ConfigurationError(f"task name {name!r} is not valid")
-        if visibility_timeout_s <= 0 or lock_ttl_s <= 0:
+        if (visibility_timeout_s is not None and visibility_timeout_s <= 0) or lock_ttl_s <= 0:
             raise ConfigurationError("visibility_timeout_s and lock_ttl_s must be > 0")
         if max_defer_s < 0 or dedup_window_s < 0:
             raise ConfigurationError("max_defer_s and dedup_window_s must be >= 0")
@@ -88,7 +88,9 @@ class Task:
         self.fn = fn
         self.name = name
         self.queue = check_queue_name(queue)
-        self.visibility_timeout_s = float(visibility_timeout_s)
+        self.visibility_timeout_s = (
+            float(visibility_timeout_s) if visibility_timeout_s is not None else None
+        )
         self.policy = policy
         self.priority = priority
         self.operation_key = operation_key
@@ -99,7 +101,9 @@ class Task:
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters)
         if not params:
-            raise ConfigurationError(f"task {name!r}: the handler must take ctx as its first argument")
+            raise ConfigurationError(
+                f"task {name!r}: the handler must take ctx as its first argument"
+            )
         self._argument_names = set(params[1:])
         accepts_any = any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in self.signature.parameters.values()
@@ -163,35 +167,51 @@ class Task:
         """Schedule the task with these arguments; returns the stored (or deduplicated) job."""
         return self.app.backend.enqueue(self.build_spec(kwargs, CallOptions()))
 
+    def enqueue_many(self, arguments: Iterable[Mapping[str, Any]]) -> list[Job]:
+        """Schedule one job per argument mapping, all in one transaction (all or none)."""
+        specs = [self.build_spec(kwargs, CallOptions()) for kwargs in arguments]
+        return self.app.backend.enqueue_many(specs)
+
     def build_spec(self, kwargs: Mapping[str, Any], options: CallOptions) -> JobSpec:
         """Validate arguments and options and build the :class:`JobSpec` (no I/O)."""
         try:
             self.signature.bind(None, **kwargs)
         except TypeError as exc:
-            raise PayloadError(f"task {self.name!r}: arguments do not match the handler: {exc}") from exc
+            raise PayloadError(
+                f"task {self.name!r}: arguments do not match the handler: {exc}"
+            ) from exc
         payload = encode_payload(kwargs, self.app.max_payload_bytes)
         if options.delay_s < 0:
             raise ConfigurationError("delay_s must be >= 0")
         operation_key = (
             check_key(options.operation_key, "operation_key")
             if options.operation_key is not None
-            else render_key(self.operation_key, kwargs) if self.operation_key else None
+            else render_key(self.operation_key, kwargs)
+            if self.operation_key
+            else None
         )
         resource_key = (
             check_key(options.resource_key, "resource_key")
             if options.resource_key is not None
-            else render_key(self.resource_key, kwargs) if self.resource_key else None
+            else render_key(self.resource_key, kwargs)
+            if self.resource_key
+            else None
         )
-        dedup_key = check_key(options.dedup_key, "dedup_key") if options.dedup_key else None
+        dedup_key = (
+            check_key(options.dedup_key, "dedup_key") if options.dedup_key is not None else None
+        )
         window = self.dedup_window_s if options.dedup_window_s is None else options.dedup_window_s
         if window < 0:
             raise ConfigurationError("dedup_window_s must be >= 0")
+        # `is None`, not `or`: an explicit empty name must be refused, not defaulted.
+        queue = check_queue_name(self.queue if options.queue is None else options.queue)
         return JobSpec(
             task=self.name,
-            queue=check_queue_name(options.queue or self.queue),
+            queue=queue,
             payload=payload,
             max_attempts=self.policy.max_attempts,
-            visibility_timeout_s=self.visibility_timeout_s,
+            visibility_timeout_s=self.visibility_timeout_s
+            or self.app.visibility_timeout_for(queue),
             priority=self.priority if options.priority is None else options.priority,
             delay_s=options.delay_s,
             operation_key=operation_key,

@@ -81,7 +81,7 @@ class Worker:
         concurrency: int = 4,
         prefetch: int | None = None,
         grace_s: float = 30.0,
-        poll_interval_s: float = 0.5,
+        poll_interval_s: float = 0.1,
         worker_id: str | None = None,
         heartbeat: bool = True,
         install_signal_handlers: bool = True,
@@ -139,13 +139,13 @@ class Worker:
 
     def _fetch_loop(self, burst: bool) -> None:
         limit = self.concurrency + self.prefetch
-        idle_sleep = 0.005
+        idle_sleep = 0.001
         while not self._stopping.is_set():
             with self._slot_freed:
                 # Refill when the buffer ran below one batch of work, so fetches stay batched.
-                while len(self._inflight) > limit - max(1, self.concurrency // 2) and not (
-                    self._stopping.is_set()
-                ):
+                while len(self._inflight) > limit - max(
+                    1, self.prefetch, self.concurrency // 2
+                ) and not (self._stopping.is_set()):
                     self._slot_freed.wait(self.poll_interval_s)
                 room = limit - len(self._inflight)
             if self._stopping.is_set():
@@ -158,7 +158,7 @@ class Worker:
                 self._stopping.wait(min(1.0, self.poll_interval_s * 2))
                 continue
             if deliveries:
-                idle_sleep = 0.005
+                idle_sleep = 0.001
                 self._accept(deliveries)
                 continue
             with self._inflight_lock:
@@ -171,6 +171,11 @@ class Worker:
 
     def _accept(self, deliveries: list[Delivery]) -> None:
         items = [InFlight(delivery, guard_of(delivery), None) for delivery in deliveries]
+        try:
+            self._pipeline.prepare(items)
+        except JobGuardError as exc:
+            # Not fatal: each delivery then locks and claims on its own in the pipeline.
+            self.app.hooks.store_error("prepare", exc)
         with self._inflight_lock:
             for item in items:
                 self._inflight[item.delivery.lease_token] = item
@@ -202,8 +207,9 @@ class Worker:
             except JobGuardError as exc:
                 # The store failed mid-delivery: the lease expires and the job is redelivered.
                 self.app.hooks.store_error("pipeline", exc)
-                log.warning("job %s: store error, leaving it to its lease: %s",
-                            item.delivery.job_id, exc)
+                log.warning(
+                    "job %s: store error, leaving it to its lease: %s", item.delivery.job_id, exc
+                )
             except Exception:
                 log.exception("job %s: unexpected error in the pipeline", item.delivery.job_id)
             self._done(item)
@@ -220,10 +226,11 @@ class Worker:
         self._stopping.set()
         for _ in threads:
             self._buffer.put(_STOP)
-        deadline = time.monotonic() + self.grace_s
+        started = time.monotonic()
         with self._slot_freed:
             while True:
                 running = [item for item in self._inflight.values() if item.started]
+                deadline = started + self.grace_s  # re-read: a second signal sets it to 0
                 if not running or time.monotonic() >= deadline:
                     break
                 self._slot_freed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
@@ -249,7 +256,9 @@ class Worker:
             if self._stopping.is_set():
                 self.grace_s = 0.0  # a second signal: stop waiting for running jobs
             log.info("signal %d: stopping gracefully", signum)
-            self.stop()
+            # Only set the event: this runs on the main thread, which may be holding the
+            # (non-reentrant) in-flight lock right now; every wait on it has a short timeout.
+            self._stopping.set()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 

@@ -32,7 +32,9 @@ def clock() -> ControlledClock:
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def backend(request: pytest.FixtureRequest, tmp_path: Path, clock: ControlledClock) -> Iterator[Backend]:
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ControlledClock
+) -> Iterator[Backend]:
     """Each backend in :data:`BACKENDS`, fresh for each test."""
     store = BACKENDS[request.param](tmp_path, clock)
     yield store

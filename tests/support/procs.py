@@ -52,11 +52,17 @@ class WorkerProcess:
         return self.popen.stdout.read()
 
     def kill(self) -> None:
-        """SIGKILL (after SIGCONT, in case it is stopped) and reap."""
+        """SIGKILL (after SIGCONT, in case it is stopped), reap, and close the output pipe.
+
+        Read :meth:`output` before this: an unclosed pipe is a ``ResourceWarning``, which the
+        suite turns into an error.
+        """
         if self.popen.poll() is None:
             os.kill(self.popen.pid, signal.SIGCONT)
             self.popen.kill()
         self.popen.wait(timeout=10)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
 
 
 def spawn_worker(
@@ -120,7 +126,9 @@ def workers(*procs: WorkerProcess) -> Iterator[tuple[WorkerProcess, ...]]:
             proc.kill()
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0, interval_s: float = 0.02) -> None:
+def wait_until(
+    predicate: Callable[[], bool], timeout_s: float = 20.0, interval_s: float = 0.02
+) -> None:
     """Poll ``predicate`` until true; raise ``TimeoutError`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -14,7 +14,9 @@ def sqlite_path(url: str) -> str:
     """The file path of a ``sqlite:///path`` URL (relative) or ``sqlite:////abs/path``."""
     prefix = "sqlite:///"
     if not url.startswith(prefix) or len(url) == len(prefix):
-        raise ConfigurationError(f"SQLite URL must look like sqlite:///path/to/file.db, got {url!r}")
+        raise ConfigurationError(
+            f"SQLite URL must look like sqlite:///path/to/file.db, got {url!r}"
+        )
     return url[len(prefix) :]
 
 

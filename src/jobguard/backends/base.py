@@ -67,6 +67,25 @@ class RenewalResult:
     lock_ok: bool
 
 
+@dataclass(frozen=True, slots=True)
+class BeginRequest:
+    """What the pipeline needs before running a handler: a lock and/or an operation claim."""
+
+    resource_key: str | None = None
+    lock_owner: str = ""
+    lock_ttl_s: float = 30.0
+    operation_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Begun:
+    """The result of :meth:`OperationPort.begin`: ``busy`` says why the job must wait."""
+
+    grant: LockGrant | None = None
+    operation: Operation | None = None
+    busy: str | None = None
+
+
 class QueuePort(Protocol):
     """Jobs, leases and the dead letter queue (R1, R2, R5, R7)."""
 
@@ -75,6 +94,12 @@ class QueuePort(Protocol):
 
         Atomic: the dedup check and the insert are one transaction, so concurrent enqueues of one
         key store one job.
+        """
+
+    def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Store many jobs, each deduplicated as by :meth:`enqueue`.
+
+        Atomic: all or none, one transaction.
         """
 
     def fetch(self, queues: Sequence[str], limit: int, worker_id: str) -> list[Delivery]:
@@ -120,9 +145,7 @@ class QueuePort(Protocol):
         Atomic: one transaction. The attempt stays charged.
         """
 
-    def defer(
-        self, guard: Guard, closing: Closing, *, delay_s: float, reason: str
-    ) -> None:
+    def defer(self, guard: Guard, closing: Closing, *, delay_s: float, reason: str) -> None:
         """Requeue after ``delay_s`` because the resource was busy; the attempt is handed back.
 
         Atomic: one transaction.
@@ -148,7 +171,9 @@ class QueuePort(Protocol):
         Atomic per guard; stale guards are skipped, not raised.
         """
 
-    def record_refusal(self, guard: Guard, outcome: Outcome, closing: Closing, message: str) -> None:
+    def record_refusal(
+        self, guard: Guard, outcome: Outcome, closing: Closing, message: str
+    ) -> None:
         """Note on the stale delivery's own attempt row that its write was refused."""
 
     def get_job(self, job_id: int) -> Job:
@@ -208,6 +233,20 @@ class OperationPort(Protocol):
         for a stale lease or fence.
         """
 
+    def begin(self, guard: Guard, request: BeginRequest) -> Begun:
+        """Acquire the resource lock and claim the operation record together.
+
+        Atomic: one transaction. Either both hold, or neither is kept and ``busy`` says why (the
+        lock is held by a live owner, or another live delivery claims the operation). A completed
+        operation is returned without a claim. Refused for a stale lease.
+        """
+
+    def begin_many(self, items: Sequence[tuple[Guard, BeginRequest]]) -> list[Begun | None]:
+        """:meth:`begin` for a batch of fresh deliveries (``None`` where the lease is stale).
+
+        Atomic per item; all items in one transaction where the store allows.
+        """
+
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
         """Record a step as done. Atomic; refused for a stale lease, claim or fence."""
 
@@ -241,6 +280,9 @@ class Backend(QueuePort, LockPort, OperationPort, AttemptPort, Protocol):
     """A store that implements every port. ``close()`` releases its connections."""
 
     url: str
+
+    def now(self) -> float:
+        """The store clock, in seconds since the epoch (leases and locks expire on it)."""
 
     def close(self) -> None:
         """Close connections; the backend may not be used afterwards."""

@@ -36,7 +36,7 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
 }
 
 
-class InvalidTransition(ValueError):  # noqa: N818 - mirrors ValueError's naming
+class InvalidTransition(ValueError):
     """The event is not allowed in the job's current state."""
 
 

@@ -11,10 +11,18 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
-from jobguard.backends.base import Closing, ErrorInfo, Renewal, RenewalResult
+from jobguard.backends.base import (
+    BeginRequest,
+    Begun,
+    Closing,
+    ErrorInfo,
+    Renewal,
+    RenewalResult,
+)
 from jobguard.backends.sqlite import rows
 from jobguard.backends.sqlite.connection import (
     ProcessLocal,
@@ -108,14 +116,6 @@ class SQLiteBackend:
         return self._clock()
 
     @staticmethod
-    def _check_lease(conn: sqlite3.Connection, guard: Guard) -> None:
-        found = conn.execute(
-            Q["lease_is_current"], {"job_id": guard.job_id, "lease_token": guard.lease_token}
-        ).fetchone()
-        if found is None:
-            raise LeaseLostError(f"job {guard.job_id}: lease {guard.lease_token[:8]} is stale")
-
-    @staticmethod
     def _check_fence(conn: sqlite3.Connection, guard: Guard) -> None:
         if guard.lock is None:
             return
@@ -125,14 +125,6 @@ class SQLiteBackend:
                 f"resource {guard.lock.resource!r}: fence {guard.lock.fence} is stale "
                 f"(fence {row['fence']} was granted since)"
             )
-
-    @staticmethod
-    def _check_claim(conn: sqlite3.Connection, guard: Guard, key: str) -> None:
-        owned = conn.execute(
-            Q["operation_owned"], {"key": key, "owner_lease": guard.lease_token}
-        ).fetchone()
-        if owned is None:
-            raise LeaseLostError(f"operation {key!r} is no longer claimed by this delivery")
 
     def _close_attempt(
         self,
@@ -195,42 +187,53 @@ class SQLiteBackend:
 
     # -- queue port -----------------------------------------------------------------------------
 
+    def _insert(self, conn: sqlite3.Connection, spec: JobSpec, now: float) -> Job:
+        if spec.dedup_key is not None:
+            existing = conn.execute(
+                Q["live_dedup_job"], {"dedup_key": spec.dedup_key, "now": now}
+            ).fetchone()
+            if existing is not None:
+                conn.execute(Q["count_dedup_hit"], {"id": existing["id"]})
+                return rows.job(existing, deduplicated=True)
+        row = conn.execute(
+            Q["insert_job"],
+            {
+                "task": spec.task,
+                "queue": spec.queue,
+                "payload": spec.payload,
+                "priority": spec.priority,
+                "run_at": now + spec.delay_s,
+                "max_attempts": spec.max_attempts,
+                "visibility_timeout_s": spec.visibility_timeout_s,
+                "operation_key": spec.operation_key,
+                "resource_key": spec.resource_key,
+                "lock_ttl_s": spec.lock_ttl_s,
+                "dedup_key": spec.dedup_key,
+                "dedup_window_s": spec.dedup_window_s,
+                "now": now,
+            },
+        ).fetchone()
+        return rows.job(row)
+
     def enqueue(self, spec: JobSpec) -> Job:
         """Store a job or return the live holder of its dedup key (one transaction)."""
+        return self._write(lambda conn: self._insert(conn, spec, self._clock()))
 
-        def op(conn: sqlite3.Connection) -> Job:
+    def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Store many jobs in one transaction (each deduplicated as by :meth:`enqueue`)."""
+
+        def op(conn: sqlite3.Connection) -> list[Job]:
             now = self._clock()
-            if spec.dedup_key is not None:
-                existing = conn.execute(
-                    Q["live_dedup_job"], {"dedup_key": spec.dedup_key, "now": now}
-                ).fetchone()
-                if existing is not None:
-                    conn.execute(Q["count_dedup_hit"], {"id": existing["id"]})
-                    return rows.job(existing, deduplicated=True)
-            row = conn.execute(
-                Q["insert_job"],
-                {
-                    "task": spec.task,
-                    "queue": spec.queue,
-                    "payload": spec.payload,
-                    "priority": spec.priority,
-                    "run_at": now + spec.delay_s,
-                    "max_attempts": spec.max_attempts,
-                    "visibility_timeout_s": spec.visibility_timeout_s,
-                    "operation_key": spec.operation_key,
-                    "resource_key": spec.resource_key,
-                    "lock_ttl_s": spec.lock_ttl_s,
-                    "dedup_key": spec.dedup_key,
-                    "dedup_window_s": spec.dedup_window_s,
-                    "now": now,
-                },
-            ).fetchone()
-            return rows.job(row)
+            return [self._insert(conn, spec, now) for spec in specs]
 
         return self._write(op)
 
     def fetch(self, queues: Sequence[str], limit: int, worker_id: str) -> list[Delivery]:
         """Lease up to ``limit`` ready jobs (one transaction); see :class:`QueuePort`."""
+        # Idle polling must not queue up behind writers: look first, on the read connection.
+        now = self._clock()
+        if not any(self._read(Q["any_ready"], {"queue": queue, "now": now}) for queue in queues):
+            return []
 
         def op(conn: sqlite3.Connection) -> list[Delivery]:
             now = self._clock()
@@ -252,11 +255,7 @@ class SQLiteBackend:
                 spent = [row["id"] for row in expired if row["attempts"] >= row["max_attempts"]]
                 if spent:
                     conn.execute(Q["bury_exhausted"], {"ids": json.dumps(spent), "now": now})
-            spent_ids = {
-                row["id"]
-                for row in expired
-                if row["attempts"] >= row["max_attempts"]
-            }
+            spent_ids = {row["id"] for row in expired if row["attempts"] >= row["max_attempts"]}
             order = [row["id"] for row in picked if row["id"] not in spent_ids]
             if not order:
                 return []
@@ -349,6 +348,45 @@ class SQLiteBackend:
 
         self._write(op)
 
+    def _settle(
+        self,
+        guard: Guard,
+        closing: Closing,
+        *,
+        query: str,
+        outcome: Outcome,
+        delay_s: float = 0.0,
+        reason: str | None = None,
+        error: ErrorInfo | None = None,
+        claim_key: str | None = None,
+        claim_status: OperationStatus = OperationStatus.PROCESSING,
+    ) -> None:
+        """End a delivery: move the job, drop the operation claim, close the attempt, unlock."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            now = self._clock()
+            last_error = f"{error.type}: {error.message}" if error else None
+            self._transition(
+                conn,
+                query,
+                {
+                    "job_id": guard.job_id,
+                    "lease_token": guard.lease_token,
+                    "now": now,
+                    "run_at": now + delay_s,
+                    "reason": reason,
+                    "last_error": last_error,
+                    "error_signature": error.signature if error else None,
+                    "same_error_count": error.same_count if error else 0,
+                },
+            )
+            note = reason or last_error
+            self._release_claim(conn, guard, claim_key, claim_status, note, now)
+            self._close_attempt(conn, guard, closing, outcome, error, now)
+            self._drop_lock(conn, guard)
+
+        self._write(op)
+
     def retry(
         self,
         guard: Guard,
@@ -359,45 +397,22 @@ class SQLiteBackend:
         operation_key: str | None = None,
     ) -> None:
         """Requeue after ``delay_s`` with the error recorded (one transaction)."""
-
-        def op(conn: sqlite3.Connection) -> None:
-            now = self._clock()
-            self._transition(
-                conn,
-                "retry_job",
-                {
-                    "job_id": guard.job_id,
-                    "lease_token": guard.lease_token,
-                    "run_at": now + delay_s,
-                    "last_error": f"{error.type}: {error.message}",
-                    "error_signature": error.signature,
-                    "same_error_count": error.same_count,
-                },
-            )
-            message = f"{error.type}: {error.message}"
-            self._release_claim(
-                conn, guard, operation_key, OperationStatus.PROCESSING, message, now
-            )
-            self._close_attempt(conn, guard, closing, Outcome.RETRY, error, now)
-            self._drop_lock(conn, guard)
-
-        self._write(op)
+        self._settle(
+            guard,
+            closing,
+            query="retry_job",
+            outcome=Outcome.RETRY,
+            delay_s=delay_s,
+            error=error,
+            claim_key=operation_key,
+        )
 
     def defer(self, guard: Guard, closing: Closing, *, delay_s: float, reason: str) -> None:
         """Requeue after ``delay_s`` without charging the attempt (one transaction)."""
-
-        def op(conn: sqlite3.Connection) -> None:
-            now = self._clock()
-            self._transition(
-                conn,
-                "defer_job",
-                {"job_id": guard.job_id, "lease_token": guard.lease_token, "run_at": now + delay_s},
-            )
-            error = ErrorInfo(type="ResourceBusy", message=reason)
-            self._close_attempt(conn, guard, closing, Outcome.DEFERRED, error, now)
-            self._drop_lock(conn, guard)
-
-        self._write(op)
+        busy = ErrorInfo(type="ResourceBusy", message=reason)
+        self._settle(
+            guard, closing, query="defer_job", outcome=Outcome.DEFERRED, delay_s=delay_s, error=busy
+        )
 
     def bury(
         self,
@@ -409,27 +424,16 @@ class SQLiteBackend:
         operation_key: str | None = None,
     ) -> None:
         """Move the job to the dead letter queue; fail its operation (one transaction)."""
-
-        def op(conn: sqlite3.Connection) -> None:
-            now = self._clock()
-            self._transition(
-                conn,
-                "bury_job",
-                {
-                    "job_id": guard.job_id,
-                    "lease_token": guard.lease_token,
-                    "reason": reason,
-                    "last_error": f"{error.type}: {error.message}" if error else None,
-                    "error_signature": error.signature if error else None,
-                    "same_error_count": error.same_count if error else 0,
-                    "now": now,
-                },
-            )
-            self._release_claim(conn, guard, operation_key, OperationStatus.FAILED, reason, now)
-            self._close_attempt(conn, guard, closing, Outcome.DEAD, error, now)
-            self._drop_lock(conn, guard)
-
-        self._write(op)
+        self._settle(
+            guard,
+            closing,
+            query="bury_job",
+            outcome=Outcome.DEAD,
+            reason=reason,
+            error=error,
+            claim_key=operation_key,
+            claim_status=OperationStatus.FAILED,
+        )
 
     def release(self, guards: Sequence[Guard]) -> int:
         """Hand leases back without charging attempts; skip stale ones (one transaction)."""
@@ -500,9 +504,7 @@ class SQLiteBackend:
         """Dead job back to the queue with the same id and keys."""
 
         def op(conn: sqlite3.Connection) -> int:
-            return conn.execute(
-                Q["replay_job"], {"job_id": job_id, "now": self._clock()}
-            ).rowcount
+            return conn.execute(Q["replay_job"], {"job_id": job_id, "now": self._clock()}).rowcount
 
         if self._write(op) != 1:
             job = self.get_job(job_id)  # raises NotFoundError when missing
@@ -529,27 +531,35 @@ class SQLiteBackend:
 
     # -- lock port ------------------------------------------------------------------------------
 
+    def _grant(
+        self,
+        conn: sqlite3.Connection,
+        resource: str,
+        owner: str,
+        ttl_s: float,
+        attempt_id: int | None,
+        now: float,
+    ) -> LockGrant | None:
+        row = conn.execute(
+            Q["grant_lock"],
+            {"resource": resource, "owner": owner, "expires_at": now + ttl_s, "now": now},
+        ).fetchone()
+        if row is None:
+            return None
+        if attempt_id is not None:
+            conn.execute(
+                Q["attempt_lock"],
+                {"attempt_id": attempt_id, "lock_owner": owner, "fence": row["fence"]},
+            )
+        return LockGrant(resource=resource, owner=owner, fence=row["fence"], expires_at=now + ttl_s)
+
     def acquire_lock(
         self, resource: str, owner: str, ttl_s: float, *, attempt_id: int | None = None
     ) -> LockGrant | None:
-        """Grant the lock if free or expired, with the next fence (one statement)."""
-
-        def op(conn: sqlite3.Connection) -> LockGrant | None:
-            now = self._clock()
-            row = conn.execute(
-                Q["grant_lock"],
-                {"resource": resource, "owner": owner, "expires_at": now + ttl_s, "now": now},
-            ).fetchone()
-            if row is None:
-                return None
-            if attempt_id is not None:
-                conn.execute(
-                    Q["attempt_lock"],
-                    {"attempt_id": attempt_id, "lock_owner": owner, "fence": row["fence"]},
-                )
-            return LockGrant(resource=resource, owner=owner, fence=row["fence"], expires_at=now + ttl_s)
-
-        return self._write(op)
+        """Grant the lock if free or expired, with the next fence (one transaction)."""
+        return self._write(
+            lambda conn: self._grant(conn, resource, owner, ttl_s, attempt_id, self._clock())
+        )
 
     def renew_lock(self, grant: LockGrant, ttl_s: float) -> bool:
         """Extend the lock if ``grant.owner`` still owns it."""
@@ -580,50 +590,128 @@ class SQLiteBackend:
 
     # -- operation port -------------------------------------------------------------------------
 
-    def begin_operation(
-        self, guard: Guard, key: str, resource_key: str | None
+    def _claim(
+        self,
+        conn: sqlite3.Connection,
+        guard: Guard,
+        key: str,
+        resource_key: str | None,
+        now: float,
     ) -> Operation | None:
+        fence = guard.lock.fence if guard.lock else None
+        row = conn.execute(Q["operation_row"], {"key": key}).fetchone()
+        if row is None:
+            conn.execute(
+                Q["insert_operation"],
+                {
+                    "key": key,
+                    "resource_key": resource_key,
+                    "owner_lease": guard.lease_token,
+                    "fence": fence,
+                    "now": now,
+                },
+            )
+        elif row["status"] != OperationStatus.COMPLETED:
+            holder = row["owner_lease"]
+            if holder and holder != guard.lease_token:
+                alive = conn.execute(
+                    Q["operation_by_lease_holder"], {"owner_lease": holder, "now": now}
+                ).fetchone()
+                if alive is not None:
+                    return None
+            conn.execute(
+                Q["claim_operation"],
+                {"key": key, "owner_lease": guard.lease_token, "fence": fence, "now": now},
+            )
+        row = conn.execute(Q["operation_row"], {"key": key}).fetchone()
+        steps = conn.execute(Q["steps_of_operation"], {"key": key}).fetchall()
+        return rows.operation(row, steps)
+
+    def begin_operation(self, guard: Guard, key: str, resource_key: str | None) -> Operation | None:
         """Get-or-create and claim the operation record (one transaction)."""
 
         def op(conn: sqlite3.Connection) -> Operation | None:
-            now = self._clock()
-            self._check_lease(conn, guard)
-            self._check_fence(conn, guard)
-            fence = guard.lock.fence if guard.lock else None
-            row = conn.execute(Q["operation_row"], {"key": key}).fetchone()
-            if row is None:
-                conn.execute(
-                    Q["insert_operation"],
-                    {
-                        "key": key,
-                        "resource_key": resource_key,
-                        "owner_lease": guard.lease_token,
-                        "fence": fence,
-                        "now": now,
-                    },
-                )
-            elif row["status"] != OperationStatus.COMPLETED:
-                holder = row["owner_lease"]
-                if holder and holder != guard.lease_token:
-                    alive = conn.execute(
-                        Q["operation_by_lease_holder"], {"owner_lease": holder, "now": now}
-                    ).fetchone()
-                    if alive is not None:
-                        return None
-                conn.execute(
-                    Q["claim_operation"],
-                    {"key": key, "owner_lease": guard.lease_token, "fence": fence, "now": now},
-                )
-            row = conn.execute(Q["operation_row"], {"key": key}).fetchone()
-            steps = conn.execute(Q["steps_of_operation"], {"key": key}).fetchall()
-            return rows.operation(row, steps)
+            self._verify(conn, guard, None)
+            return self._claim(conn, guard, key, resource_key, self._clock())
 
         return self._write(op)
 
+    def _begin_one(
+        self, conn: sqlite3.Connection, guard: Guard, request: BeginRequest, now: float
+    ) -> Begun:
+        self._verify(conn, guard, None)
+        current = guard
+        if request.resource_key is not None:
+            grant = self._grant(
+                conn,
+                request.resource_key,
+                request.lock_owner,
+                request.lock_ttl_s,
+                guard.attempt_id,
+                now,
+            )
+            if grant is None:
+                return Begun(busy=f"resource is busy: {request.resource_key}")
+            current = replace(guard, lock=grant)
+        if request.operation_key is None:
+            return Begun(grant=current.lock)
+        operation = self._claim(conn, current, request.operation_key, request.resource_key, now)
+        if operation is None:
+            self._drop_lock(conn, current)
+            return Begun(busy=f"operation {request.operation_key!r} is in progress")
+        return Begun(grant=current.lock, operation=operation)
+
+    def begin(self, guard: Guard, request: BeginRequest) -> Begun:
+        """Lock the resource and claim the operation together (one transaction)."""
+        return self._write(lambda conn: self._begin_one(conn, guard, request, self._clock()))
+
+    def begin_many(self, items: Sequence[tuple[Guard, BeginRequest]]) -> list[Begun | None]:
+        """:meth:`begin` for many deliveries in one transaction; ``None`` for a stale lease."""
+
+        def op(conn: sqlite3.Connection) -> list[Begun | None]:
+            now = self._clock()
+            results: list[Begun | None] = []
+            for guard, request in items:
+                conn.execute("SAVEPOINT begin_one")
+                try:
+                    results.append(self._begin_one(conn, guard, request, now))
+                except LeaseLostError:
+                    conn.execute("ROLLBACK TO begin_one")
+                    results.append(None)
+                conn.execute("RELEASE begin_one")
+            return results
+
+        return self._write(op)
+
+    @staticmethod
+    def _verify(conn: sqlite3.Connection, guard: Guard, claim_key: str | None) -> None:
+        """Refuse a write whose lease is stale, whose fence is old, or (with ``claim_key``)
+        whose delivery no longer holds the operation's claim."""
+        state = conn.execute(
+            Q["guard_state"],
+            {
+                "job_id": guard.job_id,
+                "lease_token": guard.lease_token,
+                "resource": guard.lock.resource if guard.lock else None,
+                "key": claim_key,
+            },
+        ).fetchone()
+        if state["lease_ok"] is None:
+            raise LeaseLostError(f"job {guard.job_id}: lease {guard.lease_token[:8]} is stale")
+        if (
+            guard.lock is not None
+            and state["fence"] is not None
+            and state["fence"] > guard.lock.fence
+        ):
+            raise StaleFenceError(
+                f"resource {guard.lock.resource!r}: fence {guard.lock.fence} is stale "
+                f"(fence {state['fence']} was granted since)"
+            )
+        if claim_key is not None and state["claim_ok"] is None:
+            raise LeaseLostError(f"operation {claim_key!r} is no longer claimed by this delivery")
+
     def _guard_step(self, conn: sqlite3.Connection, guard: Guard, key: str) -> None:
-        self._check_lease(conn, guard)
-        self._check_fence(conn, guard)
-        self._check_claim(conn, guard, key)
+        self._verify(conn, guard, key)
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
         """Record a completed step (one transaction, guarded)."""

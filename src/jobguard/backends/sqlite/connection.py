@@ -9,9 +9,12 @@ the guarantees are those of one transaction per write, at a fraction of the fsyn
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -40,12 +43,14 @@ class SQLiteOptions:
     busy_timeout_s: float = 30.0
 
 
-def open_connection(options: SQLiteOptions) -> sqlite3.Connection:
+def open_connection(
+    options: SQLiteOptions, *, busy_timeout_s: float | None = None
+) -> sqlite3.Connection:
     """Open a connection in autocommit mode (transactions are explicit) with our pragmas."""
     try:
         conn = sqlite3.connect(
             options.path,
-            timeout=options.busy_timeout_s,
+            timeout=options.busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
             isolation_level=None,
             check_same_thread=False,
         )
@@ -53,7 +58,9 @@ def open_connection(options: SQLiteOptions) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         # A literal list, not user text: the option is validated against it.
         if options.synchronous not in ("FULL", "NORMAL", "EXTRA"):
-            raise ValueError(f"synchronous must be FULL, NORMAL or EXTRA, not {options.synchronous}")
+            raise ValueError(
+                f"synchronous must be FULL, NORMAL or EXTRA, not {options.synchronous}"
+            )
         conn.execute(f"PRAGMA synchronous={options.synchronous}")
     except sqlite3.Error as exc:
         raise StoreUnavailableError(f"cannot open SQLite database {options.path!r}: {exc}") from exc
@@ -109,13 +116,17 @@ class UserCodeError(Exception):
 
 
 class _Request:
-    __slots__ = ("done", "error", "fn", "result")
+    __slots__ = ("done", "error", "fn", "result", "wake")
 
     def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
         self.fn = fn
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
+        # Held until the request is done or its thread is handed the lead: one wake-up per
+        # request, instead of waking every waiting thread after each commit.
+        self.wake = threading.Lock()
+        self.wake.acquire()
 
 
 class GroupCommitter:
@@ -124,20 +135,21 @@ class GroupCommitter:
     def __init__(self, options: SQLiteOptions) -> None:
         self._options = options
         self._pending: list[_Request] = []
-        self._pending_lock = threading.Lock()
-        self._commit_lock = threading.Lock()
+        self._mutex = threading.Lock()
+        self._leading = False
         self._conn: sqlite3.Connection | None = None
 
     def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` inside a write transaction and return once it is committed."""
         request = _Request(fn)
-        with self._pending_lock:
+        with self._mutex:
             self._pending.append(request)
-        with self._commit_lock:
-            if not request.done:
-                with self._pending_lock:
-                    batch, self._pending = self._pending, []
-                self._commit(batch)
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            request.wake.acquire()  # done by another leader, or handed the lead
+        if not request.done:
+            self._lead()
         if request.error is not None:
             error = request.error
             if isinstance(error, UserCodeError):
@@ -146,22 +158,61 @@ class GroupCommitter:
         result: T = request.result
         return result
 
+    def _lead(self) -> None:
+        with self._mutex:
+            batch, self._pending = self._pending, []
+        try:
+            self._commit(batch)
+        finally:
+            for request in batch:
+                request.done = True
+                request.wake.release()
+            with self._mutex:
+                if self._pending:
+                    self._pending[0].wake.release()  # it wakes up not done: it leads next
+                else:
+                    self._leading = False
+
     def close(self) -> None:
         """Close the write connection (waits for a commit in progress)."""
-        with self._commit_lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        while True:
+            with self._mutex:
+                if not self._leading:
+                    if self._conn is not None:
+                        self._conn.close()
+                        self._conn = None
+                    return
+            time.sleep(0.001)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            self._conn = open_connection(self._options)
+            # No busy handler on the write connection: SQLite's own sleeps in steps of up to
+            # 100 ms, far longer than a write transaction here; _begin retries at finer grain.
+            self._conn = open_connection(self._options, busy_timeout_s=0.0)
         return self._conn
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, retried with short jittered sleeps until the busy timeout."""
+        deadline = time.monotonic() + self._options.busy_timeout_s
+        pause_s = 0.0001
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailableError(
+                        f"database stayed locked for {self._options.busy_timeout_s:g}s"
+                    ) from exc
+            time.sleep(pause_s * (0.5 + random.random()))
+            pause_s = min(pause_s * 2, 0.004)
 
     def _commit(self, batch: list[_Request]) -> None:
         try:
             conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin(conn)
         except (sqlite3.Error, StoreUnavailableError) as exc:
             self._fail_all(batch, exc)
             return
@@ -176,14 +227,10 @@ class GroupCommitter:
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             self._fail_all(batch, exc)
             return
-        for request in batch:
-            request.done = True
 
     @staticmethod
     def _fail_all(batch: list[_Request], exc: BaseException) -> None:
@@ -191,7 +238,6 @@ class GroupCommitter:
         for request in batch:
             request.result = None
             request.error = error
-            request.done = True
 
 
 def _wrap(exc: BaseException) -> StoreUnavailableError:

@@ -216,3 +216,18 @@ UPDATE operations SET owner_lease = NULL, updated_at = :now WHERE owner_lease = 
 
 -- name: attempt_lock
 UPDATE attempts SET lock_owner = :lock_owner, fence = :fence WHERE id = :attempt_id;
+
+-- name: guard_state
+-- Everything a guarded write must prove, in one round trip: lease current, newest fence issued
+-- for the resource, and whether this lease holds the operation's claim.
+SELECT
+    (SELECT 1 FROM jobs
+     WHERE id = :job_id AND lease_token = :lease_token AND status = 'running') AS lease_ok,
+    (SELECT fence FROM locks WHERE resource = :resource) AS fence,
+    (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token) AS claim_ok;
+
+-- name: any_ready
+-- A cheap read-only look before taking the write lock for a fetch.
+SELECT 1 FROM jobs
+WHERE queue = :queue AND status IN ('queued', 'running') AND available_at <= :now
+LIMIT 1;

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): run them by hand; they print figures and ratios."""

@@ -1,0 +1,250 @@
+"""Bad input at the door and in the store (issue 2, acceptance 9).
+
+What can be checked at enqueue is refused there with a typed error and nothing is stored. What
+reaches a worker anyway (a row for a task this worker does not know, a payload corrupted in the
+table) goes to the dead letter queue with its reason after one delivery, and the worker carries
+on with the other jobs: no crash loop, nothing lost.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobguard import (
+    App,
+    ConfigurationError,
+    Context,
+    JobStatus,
+    Outcome,
+    PayloadError,
+    UnknownTaskError,
+)
+from jobguard.app import DEFAULT_MAX_PAYLOAD_BYTES
+from tests.support.procs import spawn_worker, workers
+from tests.support.queue_app import NOOP, make_app
+
+NOTHING_STORED = dict.fromkeys(JobStatus, 0)
+
+
+def register_echo(app: App) -> Any:
+    """A task with one required and one optional argument."""
+
+    @app.task(name="echo")
+    def echo(ctx: Context, text: str, times: int = 1) -> str:
+        return text * times
+
+    return echo
+
+
+def corrupt_payload(db_path: Path, job_id: int, payload: str) -> None:
+    """Overwrite a stored job's payload behind jobguard's back (a bad producer, a bad migration)."""
+    conn = sqlite3.connect(db_path)
+    try:
+        with conn:
+            conn.execute("UPDATE jobs SET payload = ? WHERE id = ?", (payload, job_id))
+    finally:
+        conn.close()
+
+
+def test_unknown_task_name_is_refused_at_enqueue_and_nothing_is_stored(app: App) -> None:
+    """``app.enqueue`` with a name no task is registered under raises ``UnknownTaskError``.
+
+    Issue 2 acceptance 9; R6.1 (bad input is not retried, it is refused).
+    """
+    register_echo(app)
+    with pytest.raises(UnknownTaskError, match=r"unknown task 'nope' \(registered: echo\)"):
+        app.enqueue("nope", {})
+    assert app.counts() == NOTHING_STORED
+
+
+@pytest.mark.parametrize(
+    "value",
+    [object(), {1, 2}, b"bytes", float("nan"), float("inf")],
+    ids=["object", "set", "bytes", "nan", "inf"],
+)
+def test_payload_that_is_not_json_is_refused_at_enqueue(app: App, value: object) -> None:
+    """Arguments that are not plain JSON (no pickle, no NaN) raise ``PayloadError``.
+
+    Issue 2 acceptance 9.
+    """
+    echo = register_echo(app)
+    with pytest.raises(PayloadError, match="must be JSON-serialisable"):
+        echo.enqueue(text=value)
+    with pytest.raises(PayloadError, match="must be JSON-serialisable"):
+        app.enqueue("echo", {"text": value})
+    assert app.counts() == NOTHING_STORED
+
+
+def test_payload_over_the_default_1_mib_limit_is_refused_and_one_at_the_limit_is_stored(
+    app: App,
+) -> None:
+    """The encoded payload may be 1 MiB at most by default; one byte more is a ``PayloadError``.
+
+    Issue 2 acceptance 9.
+    """
+    assert DEFAULT_MAX_PAYLOAD_BYTES == 1024 * 1024
+    echo = register_echo(app)
+    overhead = len('{"text":""}')
+    at_limit = "x" * (DEFAULT_MAX_PAYLOAD_BYTES - overhead)
+    with pytest.raises(PayloadError, match=r"payload is 1048577 bytes; the limit is 1048576 bytes"):
+        echo.enqueue(text=at_limit + "x")
+    assert app.counts() == NOTHING_STORED
+    stored = echo.enqueue(text=at_limit)
+    assert len(app.get_job(stored.id).payload.encode()) == DEFAULT_MAX_PAYLOAD_BYTES
+
+
+@pytest.mark.parametrize(
+    "queue",
+    ["", "has space", "semi;colon", "dot.ted", "9starts-with-digit", "ünïcode", "q" * 65,
+     "jobs'--"],
+)  # fmt: skip
+def test_queue_name_that_is_not_a_plain_identifier_is_refused(app: App, queue: str) -> None:
+    """A queue name must be a plain identifier: refused when registering a task, per call at
+    enqueue, and when starting a worker; nothing is stored.
+
+    Issue 2 acceptance 9.
+    """
+    echo = register_echo(app)
+    with pytest.raises(ConfigurationError, match="is not a plain identifier"):
+        app.task(name="elsewhere", queue=queue)(lambda ctx: None)
+    with pytest.raises(ConfigurationError, match="is not a plain identifier"):
+        echo.options(queue=queue).enqueue(text="hi")
+    with pytest.raises(ConfigurationError, match="is not a plain identifier"):
+        app.enqueue("echo", {"text": "hi"}, queue=queue)
+    with pytest.raises(ConfigurationError, match="is not a plain identifier"):
+        app.worker(queues=[queue])
+    assert app.counts() == NOTHING_STORED
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"times": 2}, {"text": "hi", "colour": "red"}, {"ctx": 1, "text": "hi"}],
+    ids=["missing", "missing-required", "unexpected", "ctx-as-argument"],
+)
+def test_arguments_that_do_not_match_the_handler_are_refused_at_enqueue(
+    app: App, kwargs: dict[str, Any]
+) -> None:
+    """Arguments the handler cannot be called with raise ``PayloadError`` at enqueue.
+
+    Issue 2 acceptance 9.
+    """
+    echo = register_echo(app)
+    with pytest.raises(PayloadError, match="arguments do not match the handler"):
+        echo.enqueue(**kwargs)
+    with pytest.raises(PayloadError, match="arguments do not match the handler"):
+        app.enqueue("echo", kwargs)
+    assert app.counts() == NOTHING_STORED
+
+
+def test_rows_the_worker_cannot_run_land_in_the_dlq_with_their_reason_and_the_rest_complete(
+    db_path: Path,
+) -> None:
+    """A job of a task the worker does not know, and stored payloads that are not JSON, not an
+    object, or do not fit the handler, are each buried after one delivery with the reason; the
+    same worker completes every good job around them.
+
+    Issue 2 acceptance 9; R7.1, invariant 1 (nothing lost).
+    """
+    url = f"sqlite:///{db_path}"
+    producer = App(url)
+    worker_app = App(url)
+    try:
+
+        @producer.task(name="ghost")
+        def ghost(ctx: Context) -> None:  # registered only where jobs are produced
+            raise AssertionError("a worker without this task must never run it")
+
+        register_echo(producer)
+        register_echo(worker_app)
+        echo = producer.tasks["echo"]
+
+        good = [echo.enqueue(text=f"ok {i}") for i in range(3)]
+        unknown = ghost.enqueue()
+        bad_rows = {
+            "payload is not valid JSON": echo.enqueue(text="soon corrupt"),
+            "payload is not a JSON object but list": echo.enqueue(text="soon a list"),
+            "payload does not match the handler's arguments": echo.enqueue(text="soon wrong"),
+        }
+        good += [echo.enqueue(text=f"ok {i}") for i in range(3, 6)]
+        corrupt_payload(db_path, bad_rows["payload is not valid JSON"].id, '{"text": "half')
+        corrupt_payload(db_path, bad_rows["payload is not a JSON object but list"].id, "[1, 2]")
+        corrupt_payload(
+            db_path, bad_rows["payload does not match the handler's arguments"].id, '{"txt": 1}'
+        )
+
+        stats = worker_app.worker(concurrency=2, install_signal_handlers=False).run(burst=True)
+
+        assert stats.fetched == len(good) + 1 + len(bad_rows)  # one delivery each: no loop
+        for job in good:
+            assert worker_app.get_job(job.id).status == JobStatus.COMPLETED
+        expected_reasons = {unknown.id: "unknown task 'ghost': no handler registered"}
+        expected_reasons.update({job.id: reason for reason, job in bad_rows.items()})
+        for job_id, reason in expected_reasons.items():
+            dead = worker_app.dlq.show(job_id)
+            assert reason in dead.reason
+            [attempt] = dead.attempts
+            assert attempt.outcome == Outcome.DEAD
+            assert attempt.error_type == "Unrunnable"
+            assert attempt.error_message is not None
+            assert reason in attempt.error_message
+        assert worker_app.counts() == {
+            JobStatus.QUEUED: 0,
+            JobStatus.RUNNING: 0,
+            JobStatus.COMPLETED: len(good),
+            JobStatus.DEAD: len(expected_reasons),
+        }
+    finally:
+        producer.close()
+        worker_app.close()
+
+
+@pytest.mark.chaos
+def test_worker_process_buries_unrunnable_rows_and_keeps_working_without_a_crash_loop(
+    db_path: Path,
+) -> None:
+    """A real worker process given unrunnable rows between good jobs buries each once, runs the
+    good ones, and exits 0 when idle (burst): no crash loop, nothing lost.
+
+    Issue 2 acceptance 9; R7.1, invariant 1.
+    """
+    url = f"sqlite:///{db_path}"
+    producer = make_app(url)
+    try:
+
+        @producer.task(name="not_in_the_worker")
+        def stray(ctx: Context) -> None:
+            raise AssertionError("the worker process does not register this task")
+
+        noop = producer.tasks[NOOP]
+        jobs = [noop.enqueue(n=i) for i in range(5)]
+        stray_job = stray.enqueue()
+        corrupt = noop.enqueue(n=99)
+        jobs += [noop.enqueue(n=i) for i in range(5, 10)]
+        corrupt_payload(db_path, corrupt.id, "not json at all")
+
+        proc = spawn_worker(db_path, "tests.support.queue_app", burst=True, concurrency=2)
+        with workers(proc):
+            proc.wait_ready()
+            assert proc.wait(timeout_s=30) == 0
+
+        for job in jobs:
+            assert producer.get_job(job.id).status == JobStatus.COMPLETED
+        for job_id, reason in [
+            (stray_job.id, "unknown task 'not_in_the_worker'"),
+            (corrupt.id, "payload is not valid JSON"),
+        ]:
+            dead = producer.dlq.show(job_id)
+            assert reason in dead.reason
+            assert [a.outcome for a in dead.attempts] == [Outcome.DEAD]
+        assert producer.counts() == {
+            JobStatus.QUEUED: 0,
+            JobStatus.RUNNING: 0,
+            JobStatus.COMPLETED: len(jobs),
+            JobStatus.DEAD: 2,
+        }
+    finally:
+        producer.close()

@@ -1,0 +1,180 @@
+"""The app real worker processes run in the queue fault tests (``tests.support.queue_app``).
+
+Every task records what it saw in an event log of its own: a sidecar SQLite file next to the
+store (``<db>.events``), written outside jobguard's transactions, so the tests can compare what
+the handlers actually did (which process, which attempt, when, whether the lease was lost) with
+what the attempt log claims.
+
+Run as a module it is also the producer of the concurrent dedup test::
+
+    python -m tests.support.queue_app enqueue-dedup --db PATH --key K --count 100 --go FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobguard import App, Context
+
+SLEEP = "sleep"
+KILL_SELF = "kill_self"
+NOOP = "noop"
+KILL_SELF_MAX_ATTEMPTS = 3
+AWAIT_LOST_S = 15.0
+
+_EVENTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id    INTEGER NOT NULL,
+    attempt   INTEGER NOT NULL,
+    worker_id TEXT    NOT NULL,
+    pid       INTEGER NOT NULL,
+    kind      TEXT    NOT NULL,
+    t         REAL    NOT NULL,
+    lease_lost INTEGER NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing a handler recorded: ``start`` on entry, ``end`` just before returning."""
+
+    job_id: int
+    attempt: int
+    worker_id: str
+    pid: int
+    kind: str
+    t: float
+    lease_lost: bool
+
+
+def events_path(db_path: str | Path) -> Path:
+    """The sidecar event log of the store at ``db_path``."""
+    return Path(f"{db_path}.events")
+
+
+def _connect(db_path: str | Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(events_path(db_path), timeout=30.0, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(_EVENTS_SCHEMA)
+    return conn
+
+
+def record(db_path: str | Path, ctx: Context, kind: str) -> None:
+    """Durably append one event for this delivery (committed before returning)."""
+    conn = _connect(db_path)
+    try:
+        conn.execute(
+            "INSERT INTO events (job_id, attempt, worker_id, pid, kind, t, lease_lost) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                ctx.job_id,
+                ctx.attempt,
+                ctx.worker_id,
+                os.getpid(),
+                kind,
+                time.time(),
+                int(ctx.lease_lost),
+            ),
+        )
+    finally:
+        conn.close()
+
+
+def read_events(db_path: str | Path, job_id: int | None = None) -> list[Event]:
+    """Events in the order they were recorded, of one job or of all."""
+    if not events_path(db_path).exists():
+        return []
+    conn = _connect(db_path)
+    try:
+        found = conn.execute(
+            "SELECT job_id, attempt, worker_id, pid, kind, t, lease_lost FROM events "
+            "WHERE ? IS NULL OR job_id = ? ORDER BY id",
+            (job_id, job_id),
+        ).fetchall()
+    finally:
+        conn.close()
+    return [Event(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6])) for r in found]
+
+
+def make_app(url: str, *, visibility_timeout_s: float = 1.0) -> App:
+    """The tasks of the fault tests on the store at ``url``.
+
+    The visibility timeout is stored on each job at enqueue, so the producer's value is the one
+    the worker heartbeats against; workers need not be started with the same value.
+    """
+    db_path = url.removeprefix("sqlite:///")
+    app = App(url)
+
+    @app.task(name=SLEEP, visibility_timeout_s=visibility_timeout_s, max_attempts=5)
+    def sleep(ctx: Context, sleep_s: list[float], await_lost_attempt: int = 0) -> None:
+        """Sleep ``sleep_s[attempt - 1]`` (the last value repeats), recording start and end.
+
+        On attempt ``await_lost_attempt`` it then waits for ``ctx.lease_lost`` before ending, so
+        a paused-and-resumed worker records that it learnt of the loss.
+        """
+        record(db_path, ctx, "start")
+        time.sleep(sleep_s[min(ctx.attempt, len(sleep_s)) - 1])
+        if ctx.attempt == await_lost_attempt:
+            deadline = time.monotonic() + AWAIT_LOST_S
+            while not ctx.lease_lost and time.monotonic() < deadline:
+                time.sleep(0.02)
+        record(db_path, ctx, "end")
+
+    @app.task(
+        name=KILL_SELF,
+        visibility_timeout_s=visibility_timeout_s,
+        max_attempts=KILL_SELF_MAX_ATTEMPTS,
+    )
+    def kill_self(ctx: Context) -> None:
+        """Record the start, then SIGKILL the worker process running it (never reports back)."""
+        record(db_path, ctx, "start")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @app.task(name=NOOP, visibility_timeout_s=visibility_timeout_s)
+    def noop(ctx: Context, n: int = 0) -> None:
+        """Record one ``end`` event and return."""
+        record(db_path, ctx, "end")
+
+    return app
+
+
+def _enqueue_dedup(db: str, key: str, count: int, go: Path) -> None:
+    app = make_app(f"sqlite:///{db}")
+    _ = app.backend  # open the store before the start line, so every producer starts together
+    print("READY", flush=True)
+    while not go.exists():
+        time.sleep(0.002)
+    task = app.tasks[NOOP]
+    results = []
+    for _ in range(count):
+        job = task.options(dedup_key=key).enqueue()
+        results.append([job.id, job.deduplicated])
+    app.close()
+    print(json.dumps(results), flush=True)
+
+
+def main() -> None:
+    """Command line of the producer helper (see the module docstring)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=["enqueue-dedup"])
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--go", required=True, help="start enqueueing once this file exists")
+    args = parser.parse_args()
+    _enqueue_dedup(args.db, args.key, args.count, Path(args.go))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
