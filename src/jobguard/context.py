@@ -31,6 +31,7 @@ class InFlight:
         self.lost_reason = ""
         self.started = False
         self.begun: Begun | None = None
+        self.context: Context | None = None
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lease or lock is gone; the handler's writes will be refused."""

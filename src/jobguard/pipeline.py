@@ -172,6 +172,7 @@ class Pipeline:
             stored_steps=stored_steps,
         )
         inflight.started = True
+        inflight.context = ctx
         try:
             value = task.fn(ctx, **arguments)
             result_json = json.dumps(value) if value is not None else None
@@ -242,7 +243,7 @@ class Pipeline:
 
     def _refused(self, inflight: InFlight, exc: GuardLost, started: float) -> Settled:
         """A write was refused: this delivery is stale. Record it; never ack."""
-        closing = self._closing(started)
+        closing = self._closing(started, inflight.context)
         if isinstance(exc, StaleFenceError):
             # The lease may still be ours (only the lock was lost): hand the job back uncharged
             # so it runs again under a fresh lock; the stale work is discarded.

@@ -281,6 +281,8 @@ def test_worker_paused_past_lock_ttl_and_lease_is_refused_and_the_new_holder_win
         assert ran(events, worker_a.pid) == dict.fromkeys(FULFILL_STEPS, 1)
         assert ran(events, worker_b.pid) == {}
         assert (attempt_b.steps_run, attempt_b.steps_skipped) == (0, 3)
+        # The refused attempt still tells what it did before its finish was refused (R8.1).
+        assert (attempt_a.steps_run, attempt_a.steps_skipped) == (3, 0)
         assert shop.invoices() == [(1, attempt_a.fence)]
         assert len(shop.mail.requests) == 1
 

@@ -38,6 +38,23 @@ COMMANDS = {
     "demo": "jobguard.cli.demo_cmd:demo",
 }
 
+# One-line help per command for ``jobguard --help``, so listing commands imports none of them.
+SHORT_HELP = {
+    "attempts": "Show the attempt log of a job or an operation (R8.1).",
+    "demo": "Run the order-fulfillment demo under injected faults.",
+    "dlq": "Inspect, replay and purge the dead letter queue (R7).",
+    "enqueue": "Enqueue a job of a registered task.",
+    "jobs": "List jobs, newest first.",
+    "worker": "Run a worker process.",
+}
+
+# click >= 8.2 signals "no arguments, show the help" with a UsageError subclass; let it through.
+_HELP_REQUESTS: tuple[type[click.UsageError], ...] = tuple(
+    getattr(click.exceptions, name)
+    for name in ("NoArgsIsHelpError",)
+    if hasattr(click.exceptions, name)
+)
+
 
 class LazyGroup(click.Group):
     """A group whose subcommands are imported when used, keeping start-up fast."""
@@ -55,10 +72,23 @@ class LazyGroup(click.Group):
         command: click.Command = getattr(importlib.import_module(module_name), attribute)
         return command
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the commands from :data:`SHORT_HELP` without importing them."""
+        rows = [(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command, turning jobguard errors into one-line messages and exit codes."""
         try:
             return super().invoke(ctx)
+        except _HELP_REQUESTS:
+            raise
+        except click.UsageError as exc:
+            # One line instead of click's usage block: the message and where to read more.
+            where = exc.ctx.command_path if exc.ctx is not None else "jobguard"
+            click.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
+            sys.exit(EXIT_USAGE)
         except StoreUnavailableError as exc:
             click.echo(f"error: store unavailable: {exc}", err=True)
             sys.exit(EXIT_STORE_UNAVAILABLE)
@@ -88,9 +118,15 @@ class LazyGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, app_path: str | None, url: str | None) -> None:
     """jobguard: background jobs whose side effects happen once."""
-    ctx.obj = CliState(app_path=app_path, url=url)
+    state = CliState(app_path=app_path, url=url)
+    ctx.obj = state
+    ctx.call_on_close(state.close)
 
 
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="jobguard")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,8 @@ import sys
 from dataclasses import dataclass, field
 
 from jobguard.app import App
-from jobguard.exceptions import ConfigurationError
+from jobguard.backends import DEFAULT_URL, sqlite_path
+from jobguard.exceptions import ConfigurationError, StoreUnavailableError
 
 
 def load_app(path: str) -> App:
@@ -22,6 +23,10 @@ def load_app(path: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from exc
+    except SyntaxError as exc:
+        raise ConfigurationError(
+            f"cannot import {module_name!r}: syntax error at {exc.filename}:{exc.lineno}: {exc.msg}"
+        ) from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, App):
         raise ConfigurationError(f"{path!r} is not a jobguard App (got {type(app).__name__})")
@@ -41,6 +46,25 @@ class CliState:
         if self._app is None:
             self._app = load_app(self.app_path) if self.app_path else App(self.url)
         return self._app
+
+    def inspecting_app(self) -> App:
+        """The app for read-mostly commands (jobs, attempts, dlq).
+
+        Without --app the store named by --url must already exist: inspecting a path with a
+        typo should say so, not create an empty database and report that it holds no jobs.
+        """
+        if self._app is None and not self.app_path:
+            url = self.url or DEFAULT_URL
+            if url.startswith("sqlite:"):
+                path = sqlite_path(url)
+                if not os.path.exists(path):
+                    raise StoreUnavailableError(f"no SQLite database at {path!r} (from {url})")
+        return self.app()
+
+    def close(self) -> None:
+        """Close the store's connections if an app was opened."""
+        if self._app is not None:
+            self._app.close()
 
     def app_with_tasks(self) -> App:
         """The user's App; commands that run or enqueue tasks need their definitions."""

@@ -2,20 +2,66 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
 import click
 
 from jobguard.cli.state import CliState
+from jobguard.worker import Worker
+
+
+def _stop_on_signals_until_run(runner: Worker) -> Callable[[], None]:
+    """Make SIGTERM/SIGINT a graceful stop from now on; return what undoes it.
+
+    ``Worker.run`` installs its own handlers, but only once it starts; a signal that arrives
+    before (while the app and store are being set up) would otherwise kill the process.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        runner.stop()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 @click.command()
-@click.option("--queues", "-q", default="", help="Comma-separated queues in priority order "
-              "(default: every registered task's queue).")
-@click.option("--concurrency", "-c", default=4, show_default=True, type=click.IntRange(1, 512),
-              help="Handler threads.")
-@click.option("--prefetch", default=None, type=click.IntRange(0, 4096),
-              help="Extra leased jobs buffered beyond concurrency (default: = concurrency).")
-@click.option("--grace-s", default=30.0, show_default=True, type=click.FloatRange(0),
-              help="On SIGTERM, how long running jobs may take before their leases are released.")
+@click.option(
+    "--queues",
+    "-q",
+    default="",
+    help="Comma-separated queues in priority order (default: every registered task's queue).",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 512),
+    help="Handler threads.",
+)
+@click.option(
+    "--prefetch",
+    default=None,
+    type=click.IntRange(0, 4096),
+    help="Extra leased jobs buffered beyond concurrency (default: = concurrency).",
+)
+@click.option(
+    "--grace-s",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="On SIGTERM, how long running jobs may take before their leases are released.",
+)
 @click.option("--burst", is_flag=True, help="Exit once no job is ready and none is running.")
 @click.option("--worker-id", default=None, help="Name in the attempt log (default host:pid:rand).")
 @click.pass_obj
@@ -34,7 +80,12 @@ def worker(
     runner = app.worker(
         names, concurrency=concurrency, prefetch=prefetch, grace_s=grace_s, worker_id=worker_id
     )
-    click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
-    stats = runner.run(burst=burst)
+    restore = _stop_on_signals_until_run(runner)
+    try:
+        # Printed once a signal is handled gracefully, so it also tells scripts "ready".
+        click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
+        stats = runner.run(burst=burst)
+    finally:
+        restore()
     summary = ", ".join(f"{k}={v}" for k, v in sorted(stats.outcomes.items())) or "no jobs"
     click.echo(f"worker stopped: {summary}; released {stats.released}", err=True)

@@ -13,6 +13,7 @@ Faults:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -119,56 +120,57 @@ class MailServer:
             return fault, message_id, False
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        service = self
+        return type("MailHandler", (_MailHandler,), {"service": self})
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
-                """Stay quiet; the service keeps its own log."""
 
-            def _reply(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout fault): the email stands, the answer is lost
+class _MailHandler(BaseHTTPRequestHandler):
+    """HTTP front of a :class:`MailServer` (bound to one through the ``service`` attribute)."""
 
-            def do_GET(self) -> None:
-                if self.path == "/log":
-                    self._reply(200, service.log())
-                else:
-                    self._reply(404, {"error": "not found"})
+    service: MailServer
 
-            def do_POST(self) -> None:
-                if self.path != "/send":
-                    self._reply(404, {"error": "not found"})
-                    return
-                length = int(self.headers.get("Content-Length") or 0)
-                try:
-                    message = json.loads(self.rfile.read(length) or b"{}")
-                except ValueError:
-                    self._reply(400, {"error": "body is not JSON"})
-                    return
-                fault, message_id, replayed = service._accept(
-                    self.headers.get("Idempotency-Key"), message
-                )
-                if fault == "error":
-                    self._reply(503, {"error": "mail service unavailable"})
-                    return
-                if fault == "drop":
-                    self.close_connection = True
-                    return
-                if fault == "timeout":
-                    time.sleep(service.faults.timeout_s)
-                try:
-                    self._reply(200, {"message_id": message_id, "replayed": replayed})
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout fault): the email stands, the answer is lost
+    def log_message(self, format: str, *args: Any) -> None:
+        """Stay quiet; the service keeps its own log."""
 
-        return Handler
+    def _reply(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        # The client may have given up (a timeout fault): the email stands, the answer is lost.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        """Serve the log at ``/log``."""
+        if self.path == "/log":
+            self._reply(200, self.service.log())
+        else:
+            self._reply(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        """Accept one email at ``/send`` and answer as the fault plan says."""
+        if self.path != "/send":
+            self._reply(404, {"error": "not found"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            message = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            self._reply(400, {"error": "body is not JSON"})
+            return
+        fault, message_id, replayed = self.service._accept(
+            self.headers.get("Idempotency-Key"), message
+        )
+        if fault == "error":
+            self._reply(503, {"error": "mail service unavailable"})
+            return
+        if fault == "drop":
+            self.close_connection = True
+            return
+        if fault == "timeout":
+            time.sleep(self.service.faults.timeout_s)
+        self._reply(200, {"message_id": message_id, "replayed": replayed})
 
 
 def send_mail(
@@ -182,7 +184,7 @@ def send_mail(
 ) -> str:
     """POST one email; return its message id. Raises :class:`MailUnavailableError` when unsure."""
     data = json.dumps({"to": to, "subject": subject, "body": body}).encode()
-    request = urllib.request.Request(f"{url}/send", data=data, method="POST")
+    request = urllib.request.Request(f"{url}/send", data=data, method="POST")  # noqa: S310
     request.add_header("Content-Type", "application/json")
     if idempotency_key is not None:
         request.add_header("Idempotency-Key", idempotency_key)

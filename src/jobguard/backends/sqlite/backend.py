@@ -472,6 +472,8 @@ class SQLiteBackend:
                     if outcome == Outcome.LEASE_REFUSED
                     else "StaleFenceError",
                     "error_message": message,
+                    "steps_run": closing.steps_run,
+                    "steps_skipped": closing.steps_skipped,
                 },
             )
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_migrations
-from jobguard.exceptions import StoreUnavailableError
+from jobguard.exceptions import ConfigurationError, StoreUnavailableError
 
 T = TypeVar("T")
 
@@ -42,6 +42,14 @@ class SQLiteOptions:
     synchronous: str = "FULL"
     busy_timeout_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        if self.synchronous not in ("FULL", "NORMAL", "EXTRA"):
+            raise ConfigurationError(
+                f"synchronous must be FULL, NORMAL or EXTRA, not {self.synchronous!r}"
+            )
+        if self.busy_timeout_s < 0:
+            raise ConfigurationError("busy_timeout_s must be >= 0")
+
 
 def open_connection(
     options: SQLiteOptions, *, busy_timeout_s: float | None = None
@@ -56,11 +64,7 @@ def open_connection(
         )
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
-        # A literal list, not user text: the option is validated against it.
-        if options.synchronous not in ("FULL", "NORMAL", "EXTRA"):
-            raise ValueError(
-                f"synchronous must be FULL, NORMAL or EXTRA, not {options.synchronous}"
-            )
+        # Checked against a literal list in SQLiteOptions, so never user text here.
         conn.execute(f"PRAGMA synchronous={options.synchronous}")
     except sqlite3.Error as exc:
         raise StoreUnavailableError(f"cannot open SQLite database {options.path!r}: {exc}") from exc

@@ -121,7 +121,8 @@ WHERE id = :attempt_id;
 UPDATE attempts
 SET outcome = :outcome, ended_at = coalesce(ended_at, :now),
     duration_s = coalesce(duration_s, :duration_s),
-    error_type = :error_type, error_message = :error_message
+    error_type = :error_type, error_message = :error_message,
+    steps_run = max(steps_run, :steps_run), steps_skipped = max(steps_skipped, :steps_skipped)
 WHERE id = :attempt_id;
 
 -- name: dead_jobs

@@ -1,0 +1,298 @@
+"""``jobguard enqueue``, ``jobguard jobs`` and ``jobguard attempts``.
+
+Also the output helpers the other inspection commands share: rich tables for people, ``--json``
+for machines (the fields of the frozen models in :mod:`jobguard.models`, times as epoch seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from jobguard.cli.state import CliState
+from jobguard.exceptions import NotFoundError, PayloadError
+from jobguard.models import Attempt, Job, JobStatus
+
+# -- output helpers (shared with dlq_cmd) -------------------------------------------------------
+
+
+def console() -> Console:
+    """A console on the current stdout; user text is never read as rich markup.
+
+    Output that is not a terminal (a pipe, a file, a test) gets 160 columns unless ``COLUMNS``
+    says otherwise, so tables of keys and errors are not folded into slivers.
+    """
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(highlight=False, width=160)
+    return out
+
+
+def emit_json(value: Any) -> None:
+    """Print models (dataclasses), lists of them or plain values as indented JSON."""
+    click.echo(json.dumps(_plain(value), indent=2))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def when(ts: float | None) -> str:
+    """Store seconds as ``YYYY-MM-DD HH:MM:SS`` UTC; ``-`` for none."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(seconds: float | None) -> str:
+    """A duration in ms below one second, else in seconds; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def dash(value: object) -> str:
+    """``-`` for ``None``, else the value as text."""
+    return "-" if value is None else str(value)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Table:
+    """A rich table whose cells are plain text (no markup from stored strings)."""
+    grid = Table(title=title, title_justify="left")
+    for name in columns:
+        grid.add_column(name, overflow="fold")
+    for row in rows:
+        grid.add_row(*(Text(dash(cell)) for cell in row))
+    return grid
+
+
+def jobs_table(title: str, jobs: Sequence[Job]) -> Table:
+    """Jobs as a table: one row each, with the reason it failed if it did."""
+    return table(
+        title,
+        [
+            "id",
+            "task",
+            "queue",
+            "status",
+            "attempts",
+            "prio",
+            "operation key",
+            "created (UTC)",
+            "error",
+        ],
+        (
+            [
+                job.id,
+                job.task,
+                job.queue,
+                job.status.value,
+                f"{job.attempts}/{job.max_attempts}",
+                job.priority,
+                job.operation_key,
+                when(job.created_at),
+                job.dead_reason or job.last_error,
+            ]
+            for job in jobs
+        ),
+    )
+
+
+def attempts_table(title: str, attempts: Sequence[Attempt]) -> Table:
+    """The attempt log (R8.1) as a table, one row per delivery."""
+    return table(
+        title,
+        [
+            "job",
+            "#",
+            "worker",
+            "outcome",
+            "started (UTC)",
+            "duration",
+            "lock owner",
+            "fence",
+            "steps run/skipped",
+            "error",
+        ],
+        (
+            [
+                a.job_id,
+                a.attempt,
+                a.worker_id,
+                a.outcome.value,
+                when(a.started_at),
+                duration(a.duration_s),
+                a.lock_owner,
+                a.fence,
+                f"{a.steps_run}/{a.steps_skipped}",
+                f"{a.error_type}: {a.error_message}" if a.error_type else None,
+            ]
+            for a in attempts
+        ),
+    )
+
+
+def parse_kwargs(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, Any]:
+    """``--kwargs``: a JSON object of the task's arguments."""
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON ({exc})", ctx, param) from exc
+    if not isinstance(parsed, dict):
+        raise click.BadParameter(
+            f"must be a JSON object like '{{\"order_id\": 1}}', not {type(parsed).__name__}",
+            ctx,
+            param,
+        )
+    return parsed
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("task_name", metavar="TASK")
+@click.option(
+    "--kwargs",
+    "kwargs",
+    default="{}",
+    show_default=True,
+    callback=parse_kwargs,
+    metavar="JSON",
+    help="The task's arguments as a JSON object.",
+)
+@click.option("--dedup-key", default=None, help="Producer-side deduplication key (R5).")
+@click.option(
+    "--dedup-window-s",
+    default=None,
+    type=click.FloatRange(0),
+    help="Hold the dedup key this long after completion (default: the task's).",
+)
+@click.option(
+    "--delay-s",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Do not run before this many seconds from now.",
+)
+@click.option(
+    "--priority",
+    default=None,
+    type=int,
+    help="Higher runs first within a queue (default: the task's).",
+)
+@click.option("--queue", default=None, help="Override the task's queue.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.pass_obj
+def enqueue(
+    state: CliState,
+    task_name: str,
+    kwargs: dict[str, Any],
+    dedup_key: str | None,
+    dedup_window_s: float | None,
+    delay_s: float,
+    priority: int | None,
+    queue: str | None,
+    as_json: bool,
+) -> None:
+    """Enqueue a job of TASK (a registered task name) and print its id.
+
+    With --dedup-key, an enqueue while another job holds the key returns that job instead
+    (deduplicated) and stores nothing new.
+    """
+    app = state.app_with_tasks()
+    try:
+        job = app.enqueue(
+            task_name,
+            kwargs,
+            dedup_key=dedup_key,
+            dedup_window_s=dedup_window_s,
+            delay_s=delay_s,
+            priority=priority,
+            queue=queue,
+        )
+    except PayloadError as exc:
+        raise PayloadError(f"--kwargs: {exc}") from exc
+    if as_json:
+        emit_json(job)
+    elif job.deduplicated:
+        click.echo(
+            f"job {job.id} deduplicated: it already holds dedup key {job.dedup_key!r} "
+            f"({job.status}); nothing new was enqueued"
+        )
+    else:
+        click.echo(f"job {job.id} enqueued: {job.task} on queue {job.queue}")
+
+
+@click.command()
+@click.option(
+    "--status",
+    type=click.Choice([s.value for s in JobStatus]),
+    default=None,
+    help="Only jobs in this state.",
+)
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1),
+    help="At most this many jobs, newest first.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON list.")
+@click.pass_obj
+def jobs(state: CliState, status: str | None, limit: int, as_json: bool) -> None:
+    """List jobs, newest first, with a count per state."""
+    app = state.inspecting_app()
+    found = app.jobs(status, limit)
+    if as_json:
+        emit_json(found)
+        return
+    out = console()
+    out.print(jobs_table(f"jobs ({status or 'all states'})", found))
+    counts = app.counts()
+    out.print("  ".join(f"{s.value} {counts[s]}" for s in JobStatus))
+
+
+@click.command()
+@click.option("--job", "job_id", type=int, default=None, help="The attempts of this job.")
+@click.option(
+    "--operation",
+    "operation_key",
+    default=None,
+    metavar="KEY",
+    help="The attempts of every job with this operation key.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the attempts as a JSON list.")
+@click.pass_obj
+def attempts(state: CliState, job_id: int | None, operation_key: str | None, as_json: bool) -> None:
+    """Show the attempt log (R8.1) of one job (--job) or one operation (--operation)."""
+    if (job_id is None) == (operation_key is None):
+        raise click.UsageError("give exactly one of --job ID or --operation KEY")
+    app = state.inspecting_app()
+    if job_id is not None:
+        app.get_job(job_id)  # NotFoundError (exit 1) for an id that does not exist
+        found = app.attempts(job_id=job_id)
+        title = f"attempts of job {job_id}"
+    else:
+        assert operation_key is not None
+        found = app.attempts(operation_key=operation_key)
+        if not found and app.operation(operation_key) is None:
+            raise NotFoundError(f"no attempt and no operation record for {operation_key!r}")
+        title = f"attempts of operation {operation_key}"
+    if as_json:
+        emit_json(found)
+        return
+    console().print(attempts_table(title, found))
