@@ -209,7 +209,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--mode", choices=["plain", "guarded", "both"], default="both")
     parser.add_argument("--rate", type=int, default=500, help="latency phase: jobs/s enqueued")
     parser.add_argument("--seconds", type=float, default=4.0, help="latency phase length")
