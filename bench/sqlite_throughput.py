@@ -148,8 +148,8 @@ def latency(
         delays = [
             (started - created) * 1000
             for created, started in conn.execute(
-                "SELECT j.created_at, min(a.started_at) FROM jobs j JOIN attempts a ON a.job_id = j.id "
-                "GROUP BY j.id"
+                "SELECT j.created_at, min(a.started_at) FROM jobs j "
+                "JOIN attempts a ON a.job_id = j.id GROUP BY j.id"
             )
         ]
     for proc in procs:
@@ -222,8 +222,8 @@ def main() -> None:
     args = parser.parse_args()
     modes = ["plain", "guarded"] if args.mode == "both" else [args.mode]
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"SQLite {sqlite3.sqlite_version}, synchronous=FULL"
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, synchronous=FULL"
     )
     print(f"workers: {args.workers} processes x {args.concurrency} threads; jobs: {args.jobs}")
     results: list[Result] = []

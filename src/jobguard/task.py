@@ -120,7 +120,7 @@ class Task:
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (no queue, no guard)."""
         return self.fn(*args, **kwargs)
 
@@ -163,7 +163,7 @@ class Task:
             ),
         )
 
-    def enqueue(self, **kwargs: Any) -> Job:
+    def enqueue(self, /, **kwargs: Any) -> Job:
         """Schedule the task with these arguments; returns the stored (or deduplicated) job."""
         return self.app.backend.enqueue(self.build_spec(kwargs, CallOptions()))
 
@@ -233,6 +233,6 @@ class BoundCall:
         """Change some options further."""
         return BoundCall(self.task, replace(self.call_options, **changes))
 
-    def enqueue(self, **kwargs: Any) -> Job:
+    def enqueue(self, /, **kwargs: Any) -> Job:
         """Schedule the task with these arguments and the bound options."""
         return self.task.app.backend.enqueue(self.task.build_spec(kwargs, self.call_options))

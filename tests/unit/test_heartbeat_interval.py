@@ -8,6 +8,8 @@ from jobguard.context import InFlight
 from jobguard.heartbeat import IDLE_INTERVAL_S, MIN_INTERVAL_S, renewal_interval_s
 from jobguard.models import Delivery, Guard
 
+LEASE = "lease-1"
+
 
 def _delivery(visibility_timeout_s: float, lock_ttl_s: float | None) -> Delivery:
     return Delivery(
@@ -19,7 +21,7 @@ def _delivery(visibility_timeout_s: float, lock_ttl_s: float | None) -> Delivery
         max_attempts=5,
         deferrals=0,
         created_at=0.0,
-        lease_token="tok",
+        lease_token=LEASE,
         attempt_id=1,
         lease_expires_at=visibility_timeout_s,
         visibility_timeout_s=visibility_timeout_s,

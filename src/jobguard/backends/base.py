@@ -1,8 +1,11 @@
 """The ports: the only things a storage backend implements.
 
 Every method that changes a delivery takes the :class:`~jobguard.models.Guard` of that delivery
-and is refused with :class:`~jobguard.exceptions.LeaseLostError` when the lease token is stale, or
-:class:`~jobguard.exceptions.StaleFenceError` when a newer lock grant exists for the resource.
+and is refused with :class:`~jobguard.exceptions.LeaseLostError` when the lease token is stale.
+Writes of effects (steps, ``db_step``, the operation's completion in ``finish``) are also refused
+with :class:`~jobguard.exceptions.StaleFenceError` when a newer lock grant exists for the resource;
+moving the job itself (retry, defer, bury, release) needs only the lease, so a delivery that lost
+its lock but not its lease can still hand the job back.
 Each docstring states what the method does atomically. Times come from the store's clock.
 
 The pipeline is written once against these protocols; a backend is done when it passes the

@@ -72,6 +72,10 @@ def check_key(key: str, what: str) -> str:
         raise KeyTemplateError(f"{what} must be a non-empty string")
     if len(key) > MAX_KEY_LENGTH:
         raise KeyTemplateError(f"{what} is longer than {MAX_KEY_LENGTH} characters")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise KeyTemplateError(f"{what} is not valid Unicode text: {exc.reason}") from exc
     return key
 
 

@@ -55,6 +55,13 @@ T = TypeVar("T")
 Q = load_queries("jobguard.backends.sqlite")
 
 
+def _deny_transaction_control(action: int, *_: str | None) -> int:
+    """SQLite authorizer for user code inside a db_step: no BEGIN/COMMIT/ROLLBACK/SAVEPOINT."""
+    if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -744,7 +751,13 @@ class SQLiteBackend:
             if stored is not None:
                 return False, json.loads(stored["result"])
             try:
-                value = fn(StepConnection(conn), *args)
+                # fn must not end the step's transaction (COMMIT, ROLLBACK, RELEASE): its rows
+                # would then commit without the step record (invariant 10).
+                conn.set_authorizer(_deny_transaction_control)
+                try:
+                    value = fn(StepConnection(conn), *args)
+                finally:
+                    conn.set_authorizer(None)
                 result_json = json.dumps(value)
             except Exception as exc:
                 raise UserCodeError(exc) from exc

@@ -63,12 +63,33 @@ def open_connection(
             check_same_thread=False,
         )
         conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(conn, options.busy_timeout_s)
         # Checked against a literal list in SQLiteOptions, so never user text here.
         conn.execute(f"PRAGMA synchronous={options.synchronous}")
     except sqlite3.Error as exc:
         raise StoreUnavailableError(f"cannot open SQLite database {options.path!r}: {exc}") from exc
     return conn
+
+
+def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while another process holds the file.
+
+    SQLite answers this pragma with "database is locked" at once, without calling the busy
+    handler, while another process creates the schema or checkpoints on close; several workers
+    opening a new file together hit that window.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause_s = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause_s * (0.5 + random.random()))
+        pause_s = min(pause_s * 2, 0.05)
 
 
 def split_statements(script: str) -> list[str]:
@@ -94,6 +115,12 @@ def migrate(conn: sqlite3.Connection) -> int:
         conn.execute("BEGIN IMMEDIATE")
         try:
             current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            latest = migrations[-1][0] if migrations else 0
+            if current > latest:
+                raise ConfigurationError(
+                    f"the database is at schema version {current}, newer than this jobguard "
+                    f"knows ({latest}); upgrade jobguard instead of opening it with an older one"
+                )
             for version, _name, sql in migrations:
                 if version <= current:
                     continue

@@ -69,9 +69,6 @@ RETURNING id, job_id;
 UPDATE jobs SET available_at = :now + :visibility_timeout_s
 WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
 
--- name: lease_is_current
-SELECT 1 FROM jobs WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
-
 -- name: finish_job
 UPDATE jobs
 SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = :now,
@@ -181,9 +178,6 @@ UPDATE operations
 SET status = 'processing', owner_lease = :owner_lease, attempts = attempts + 1, fence = :fence,
     updated_at = :now
 WHERE key = :key AND status != 'completed';
-
--- name: operation_owned
-SELECT 1 FROM operations WHERE key = :key AND owner_lease = :owner_lease;
 
 -- name: complete_operation
 UPDATE operations

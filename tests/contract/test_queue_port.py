@@ -1,0 +1,589 @@
+"""Conformance tests of the queue port: enqueue, dedup, fetch, leases and the dead letter queue.
+
+Every test runs against every backend in ``conftest.BACKENDS`` with a :class:`ControlledClock`
+(issue 2 acceptance 1). Time only moves when a test advances it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from jobguard.backends.base import Backend, Closing, ErrorInfo, Renewal
+from jobguard.exceptions import JobGuardError, LeaseLostError, NotFoundError
+from jobguard.models import Delivery, Guard, Job, JobSpec, JobStatus, Outcome
+from jobguard.testing import ControlledClock
+
+CLOSING = Closing(duration_s=0.25)
+ERROR = ErrorInfo(type="TimeoutError", message="upstream slow", traceback="tb", signature="s1")
+
+
+def make_spec(**changes: Any) -> JobSpec:
+    """A job spec with test defaults: queue ``default``, 3 attempts, 30 s lease."""
+    fields: dict[str, Any] = {
+        "task": "tests.noop",
+        "queue": "default",
+        "payload": '{"n":1}',
+        "max_attempts": 3,
+        "visibility_timeout_s": 30.0,
+    }
+    fields.update(changes)
+    return JobSpec(**fields)
+
+
+def guard_of(delivery: Delivery) -> Guard:
+    """The guard a worker holds for a fresh delivery (no lock)."""
+    return Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id)
+
+
+def fetch_one(
+    backend: Backend, queues: Sequence[str] = ("default",), worker: str = "w1"
+) -> Delivery:
+    """Fetch exactly one delivery; fail the test if there is not exactly one."""
+    found = backend.fetch(queues, 1, worker)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def snapshot(backend: Backend, job_id: int) -> tuple[Job, list[Any]]:
+    """Everything a refused write must leave untouched: the job and its attempt rows."""
+    return backend.get_job(job_id), backend.attempts(job_id=job_id)
+
+
+# -- enqueue and dedup (R5) ---------------------------------------------------------------------
+
+
+def test_enqueue_stores_a_queued_job_with_every_field_of_its_spec(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R1.1: a stored job is queued, uncharged, and keeps its spec (payload, keys, limits)."""
+    spec = make_spec(
+        queue="mail",
+        priority=4,
+        max_attempts=7,
+        visibility_timeout_s=12.0,
+        operation_key="op:1",
+        resource_key="res:1",
+        lock_ttl_s=9.0,
+        dedup_key="dd:1",
+    )
+    job = backend.enqueue(spec)
+    assert job.deduplicated is False
+    assert job.status == JobStatus.QUEUED
+    assert (job.attempts, job.deferrals) == (0, 0)
+    assert (job.task, job.queue, job.payload, job.priority) == ("tests.noop", "mail", '{"n":1}', 4)
+    assert (job.max_attempts, job.visibility_timeout_s, job.lock_ttl_s) == (7, 12.0, 9.0)
+    assert (job.operation_key, job.resource_key, job.dedup_key) == ("op:1", "res:1", "dd:1")
+    assert job.created_at == clock()
+    assert job.run_at == clock()
+    assert job.finished_at is None
+    assert backend.get_job(job.id) == job
+
+
+def test_dedup_key_returns_the_existing_job_while_it_is_queued_or_running(
+    backend: Backend,
+) -> None:
+    """R5.1, R5.2, invariant 6: a duplicate inside the live window returns the first job."""
+    first = backend.enqueue(make_spec(dedup_key="click:1", payload='{"n":1}'))
+    again = backend.enqueue(make_spec(dedup_key="click:1", payload='{"n":2}'))
+    assert again.id == first.id
+    assert again.deduplicated is True
+    assert again.payload == '{"n":1}'  # the duplicate does not overwrite the stored job
+    fetch_one(backend)
+    while_running = backend.enqueue(make_spec(dedup_key="click:1"))
+    assert while_running.id == first.id
+    assert while_running.deduplicated is True
+    assert while_running.status == JobStatus.RUNNING
+    assert sum(backend.count_jobs().values()) == 1
+
+
+def test_dedup_key_is_free_once_the_job_completed_without_a_window(backend: Backend) -> None:
+    """R5.2: with ``dedup_window_s=0`` the key is held only while the job is pending or running."""
+    first = backend.enqueue(make_spec(dedup_key="k"))
+    backend.finish(guard_of(fetch_one(backend)), CLOSING)
+    second = backend.enqueue(make_spec(dedup_key="k"))
+    assert second.id != first.id
+    assert second.deduplicated is False
+
+
+def test_dedup_window_holds_the_key_for_n_seconds_after_completion_then_frees_it(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R5.2: ``dedup_window_s=60`` keeps returning the completed job for 60 s, then not."""
+    first = backend.enqueue(make_spec(dedup_key="hook:7", dedup_window_s=60.0))
+    backend.finish(guard_of(fetch_one(backend)), CLOSING)
+    clock.advance(59.0)
+    inside = backend.enqueue(make_spec(dedup_key="hook:7", dedup_window_s=60.0))
+    assert inside.id == first.id
+    assert inside.deduplicated is True
+    assert inside.status == JobStatus.COMPLETED
+    clock.advance(1.0)
+    after = backend.enqueue(make_spec(dedup_key="hook:7", dedup_window_s=60.0))
+    assert after.id != first.id
+    assert after.deduplicated is False
+
+
+def test_a_dead_job_does_not_hold_its_dedup_key(backend: Backend) -> None:
+    """R5.2: a job in the dead letter queue is not a live duplicate; a new enqueue is stored."""
+    first = backend.enqueue(make_spec(dedup_key="k", dedup_window_s=600.0))
+    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="fatal", error=ERROR)
+    second = backend.enqueue(make_spec(dedup_key="k", dedup_window_s=600.0))
+    assert second.id != first.id
+    assert second.deduplicated is False
+
+
+def test_enqueue_many_stores_each_job_and_deduplicates_within_the_batch(backend: Backend) -> None:
+    """R5.1: a batch enqueue dedups against stored jobs and against earlier specs in the batch."""
+    stored = backend.enqueue(make_spec(dedup_key="old"))
+    jobs = backend.enqueue_many(
+        [make_spec(dedup_key="new"), make_spec(dedup_key="new"), make_spec(dedup_key="old")]
+    )
+    assert [job.deduplicated for job in jobs] == [False, True, True]
+    assert jobs[1].id == jobs[0].id
+    assert jobs[2].id == stored.id
+    assert backend.count_jobs()[JobStatus.QUEUED] == 2
+
+
+def test_enqueue_many_is_all_or_nothing(backend: Backend) -> None:
+    """Port docstring: a batch the store refuses in part stores nothing."""
+    broken = make_spec(queue=None)  # violates the store's schema, so the batch must fail
+    with pytest.raises(JobGuardError):
+        backend.enqueue_many([make_spec(), broken])
+    assert sum(backend.count_jobs().values()) == 0
+
+
+def test_delay_s_keeps_a_job_from_being_fetched_until_it_is_due(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R6.2 (scheduling): a job enqueued with ``delay_s=10`` is invisible for 10 s."""
+    job = backend.enqueue(make_spec(delay_s=10.0))
+    assert job.run_at == clock() + 10.0
+    clock.advance(9.5)
+    assert backend.fetch(["default"], 10, "w1") == []
+    clock.advance(0.5)
+    assert fetch_one(backend).job_id == job.id
+
+
+# -- fetch and leases (R1, R2) ------------------------------------------------------------------
+
+
+def test_fetch_takes_earlier_queues_first(backend: Backend) -> None:
+    """R2.3: with several queues, the first named queue is drained first."""
+    late = backend.enqueue(make_spec(queue="slow"))
+    early = backend.enqueue(make_spec(queue="fast"))
+    assert fetch_one(backend, ["fast", "slow"]).job_id == early.id
+    assert fetch_one(backend, ["fast", "slow"]).job_id == late.id
+
+
+def test_fetch_takes_higher_priority_first_then_oldest(backend: Backend) -> None:
+    """Port contract: within a queue, higher priority first; equal priority in enqueue order."""
+    low = backend.enqueue(make_spec(priority=0))
+    high = backend.enqueue(make_spec(priority=9))
+    mid_a = backend.enqueue(make_spec(priority=5))
+    mid_b = backend.enqueue(make_spec(priority=5))
+    found = backend.fetch(["default"], 10, "w1")
+    assert [d.job_id for d in found] == [high.id, mid_a.id, mid_b.id, low.id]
+
+
+def test_fetch_honours_the_limit_and_only_the_named_queues(backend: Backend) -> None:
+    """Port contract: ``fetch`` leases at most ``limit`` jobs and none from other queues."""
+    for _ in range(3):
+        backend.enqueue(make_spec())
+    other = backend.enqueue(make_spec(queue="other"))
+    assert len(backend.fetch(["default"], 2, "w1")) == 2
+    assert len(backend.fetch(["default"], 5, "w1")) == 1
+    assert backend.fetch(["default"], 5, "w1") == []
+    assert backend.get_job(other.id).status == JobStatus.QUEUED
+
+
+def test_fetch_charges_the_attempt_at_delivery_and_opens_an_attempt_row(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """Invariant 7, R2.1: delivery counts the attempt, leases for the visibility timeout."""
+    job = backend.enqueue(make_spec(visibility_timeout_s=20.0))
+    delivery = fetch_one(backend, worker="worker-a")
+    assert (delivery.job_id, delivery.attempt, delivery.max_attempts) == (job.id, 1, 3)
+    assert delivery.lease_expires_at == clock() + 20.0
+    stored = backend.get_job(job.id)
+    assert stored.status == JobStatus.RUNNING
+    assert stored.attempts == 1
+    (row,) = backend.attempts(job_id=job.id)
+    assert row.id == delivery.attempt_id
+    assert (row.outcome, row.lease_token, row.worker_id) == (
+        Outcome.RUNNING,
+        delivery.lease_token,
+        "worker-a",
+    )
+
+
+def test_a_leased_job_is_not_delivered_again_while_its_lease_lives(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R2.1: the lease hides the job from other workers until it expires."""
+    backend.enqueue(make_spec(visibility_timeout_s=30.0))
+    fetch_one(backend, worker="w1")
+    clock.advance(29.5)
+    assert backend.fetch(["default"], 10, "w2") == []
+
+
+def test_an_expired_lease_is_redelivered_with_a_new_token_and_the_old_attempt_closed_lost(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R1.1, R2.4: after expiry the job is delivered again; the silent delivery is ``lost``."""
+    job = backend.enqueue(make_spec(visibility_timeout_s=30.0))
+    first = fetch_one(backend, worker="w1")
+    clock.advance(30.0)
+    second = fetch_one(backend, worker="w2")
+    assert second.job_id == job.id
+    assert second.lease_token != first.lease_token
+    assert second.attempt == 2
+    assert second.attempt_id != first.attempt_id
+    old, new = backend.attempts(job_id=job.id)
+    assert (old.outcome, old.ended_at) == (Outcome.LOST, clock())
+    assert (new.outcome, new.worker_id) == (Outcome.RUNNING, "w2")
+
+
+def test_a_job_whose_last_allowed_delivery_expired_goes_dead_with_a_reason(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """Invariant 7, R7.2: a job that kills its worker every time still reaches the DLQ."""
+    job = backend.enqueue(make_spec(max_attempts=2, visibility_timeout_s=5.0))
+    fetch_one(backend)
+    clock.advance(5.0)
+    fetch_one(backend)
+    clock.advance(5.0)
+    assert backend.fetch(["default"], 10, "w1") == []
+    dead = backend.get_job(job.id)
+    assert dead.status == JobStatus.DEAD
+    assert dead.attempts == 2
+    assert dead.dead_reason
+    assert "attempts" in dead.dead_reason
+    assert [a.outcome for a in backend.attempts(job_id=job.id)] == [Outcome.LOST, Outcome.LOST]
+    assert [j.id for j in backend.dead_jobs()] == [job.id]
+
+
+# -- renew (R2.2, R3.3) -------------------------------------------------------------------------
+
+
+def test_renew_extends_the_lease_and_the_lock_of_a_current_delivery(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R2.2, R3.3: a heartbeat keeps both the lease and the lock beyond their first expiry."""
+    backend.enqueue(make_spec(visibility_timeout_s=10.0, resource_key="r", lock_ttl_s=10.0))
+    delivery = fetch_one(backend)
+    grant = backend.acquire_lock("r", "owner-1", 10.0, attempt_id=delivery.attempt_id)
+    assert grant is not None
+    guard = Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id, grant)
+    for _ in range(3):  # 24 s in total under 10 s timeouts
+        clock.advance(8.0)
+        (result,) = backend.renew([Renewal(guard, 10.0, 10.0)])
+        assert (result.lease_ok, result.lock_ok) == (True, True)
+    clock.advance(9.5)
+    assert backend.fetch(["default"], 10, "w2") == []
+    assert backend.acquire_lock("r", "owner-2", 10.0) is None
+
+
+def test_renew_reports_a_stale_lease_and_a_stale_lock_as_not_ok_and_extends_neither(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R2.4, R3.2: a superseded delivery or lock grant cannot be extended; per-item results."""
+    backend.enqueue(make_spec(visibility_timeout_s=10.0))
+    stale = fetch_one(backend, worker="w1")
+    clock.advance(10.0)
+    current = fetch_one(backend, worker="w2")
+    old_grant = backend.acquire_lock("r", "old", 5.0)
+    assert old_grant is not None
+    clock.advance(5.0)
+    new_grant = backend.acquire_lock("r", "new", 5.0)
+    assert new_grant is not None
+    stale_guard = Guard(stale.job_id, stale.lease_token, stale.attempt_id, old_grant)
+    current_guard = Guard(current.job_id, current.lease_token, current.attempt_id)
+    results = backend.renew([Renewal(stale_guard, 60.0, 60.0), Renewal(current_guard, 10.0, None)])
+    assert [(r.lease_ok, r.lock_ok) for r in results] == [(False, False), (True, True)]
+    # Neither the stale lease nor the stale lock stretched the current holders' deadlines.
+    clock.advance(10.0)
+    assert [d.job_id for d in backend.fetch(["default"], 10, "w3")] == [current.job_id]
+    assert backend.acquire_lock("r", "third", 5.0) is not None
+
+
+# -- writes with a stale lease (invariant 2) ----------------------------------------------------
+
+StaleWrite = Callable[[Backend, Guard], object]
+
+STALE_WRITES: dict[str, StaleWrite] = {
+    "finish": lambda b, g: b.finish(g, CLOSING, operation_key="op", result_json="1"),
+    "retry": lambda b, g: b.retry(g, CLOSING, delay_s=1.0, error=ERROR, operation_key="op"),
+    "defer": lambda b, g: b.defer(g, CLOSING, delay_s=1.0, reason="busy"),
+    "bury": lambda b, g: b.bury(g, CLOSING, reason="fatal", error=ERROR, operation_key="op"),
+}
+
+
+@pytest.mark.parametrize("write", sorted(STALE_WRITES))
+def test_a_write_with_a_redelivered_lease_is_refused_and_changes_nothing(
+    backend: Backend, clock: ControlledClock, write: str
+) -> None:
+    """Invariant 2, R2.4: finish/retry/defer/bury with a superseded lease raise LeaseLostError."""
+    job = backend.enqueue(make_spec(visibility_timeout_s=10.0, operation_key="op"))
+    stale = fetch_one(backend, worker="w1")
+    clock.advance(10.0)
+    current = fetch_one(backend, worker="w2")
+    assert backend.begin_operation(guard_of(current), "op", None) is not None
+    before = snapshot(backend, job.id), backend.get_operation("op")
+    with pytest.raises(LeaseLostError):
+        STALE_WRITES[write](backend, guard_of(stale))
+    assert (snapshot(backend, job.id), backend.get_operation("op")) == before
+    # The current delivery still owns the job and can finish it.
+    backend.finish(guard_of(current), CLOSING, operation_key="op", result_json="1")
+    assert backend.get_job(job.id).status == JobStatus.COMPLETED
+
+
+@pytest.mark.parametrize("write", sorted(STALE_WRITES))
+def test_a_second_write_after_the_delivery_settled_is_refused(backend: Backend, write: str) -> None:
+    """Invariant 2: once finished, the same lease cannot ack, retry, defer or bury again."""
+    job = backend.enqueue(make_spec())
+    delivery = fetch_one(backend)
+    backend.finish(guard_of(delivery), CLOSING)
+    before = snapshot(backend, job.id)
+    with pytest.raises(LeaseLostError):
+        STALE_WRITES[write](backend, guard_of(delivery))
+    assert snapshot(backend, job.id) == before
+
+
+def test_release_skips_a_stale_lease_and_changes_nothing(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """Invariant 2: ``release`` of a superseded lease releases nothing (0) and is not an error."""
+    job = backend.enqueue(make_spec(visibility_timeout_s=10.0))
+    stale = fetch_one(backend)
+    clock.advance(10.0)
+    fetch_one(backend)
+    before = snapshot(backend, job.id)
+    assert backend.release([guard_of(stale)]) == 0
+    assert snapshot(backend, job.id) == before
+
+
+# -- the settling writes ------------------------------------------------------------------------
+
+
+def test_finish_completes_the_job_and_closes_its_attempt(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R1.2: the job is acked only by the call that stores its final state."""
+    job = backend.enqueue(make_spec())
+    delivery = fetch_one(backend)
+    clock.advance(2.0)
+    backend.finish(guard_of(delivery), CLOSING)
+    done = backend.get_job(job.id)
+    assert (done.status, done.finished_at, done.attempts) == (JobStatus.COMPLETED, clock(), 1)
+    (row,) = backend.attempts(job_id=job.id)
+    assert (row.outcome, row.ended_at, row.duration_s) == (Outcome.COMPLETED, clock(), 0.25)
+    assert backend.fetch(["default"], 10, "w1") == []
+
+
+def test_retry_requeues_after_the_delay_with_the_attempt_still_charged(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R6.2: a retry waits ``delay_s``, keeps the charged attempt and records the error."""
+    job = backend.enqueue(make_spec())
+    backend.retry(guard_of(fetch_one(backend)), CLOSING, delay_s=5.0, error=ERROR)
+    queued = backend.get_job(job.id)
+    assert (queued.status, queued.attempts, queued.run_at) == (JobStatus.QUEUED, 1, clock() + 5.0)
+    assert queued.last_error == "TimeoutError: upstream slow"
+    (row,) = backend.attempts(job_id=job.id)
+    assert (row.outcome, row.error_type, row.error_message) == (
+        Outcome.RETRY,
+        "TimeoutError",
+        "upstream slow",
+    )
+    clock.advance(4.5)
+    assert backend.fetch(["default"], 10, "w1") == []
+    clock.advance(0.5)
+    assert fetch_one(backend).attempt == 2
+
+
+def test_retry_hands_the_error_signature_to_the_next_delivery(backend: Backend) -> None:
+    """R7.2: poison detection needs the last error signature and its run length next time."""
+    backend.enqueue(make_spec())
+    poisoned = ErrorInfo(type="KeyError", message="x", signature="abc", same_count=2)
+    backend.retry(guard_of(fetch_one(backend)), CLOSING, delay_s=0.0, error=poisoned)
+    again = fetch_one(backend)
+    assert (again.error_signature, again.same_error_count) == ("abc", 2)
+
+
+def test_defer_requeues_without_charging_the_attempt(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R3.4: a busy resource hands the attempt back and counts a deferral instead."""
+    job = backend.enqueue(make_spec(max_attempts=1))
+    backend.defer(guard_of(fetch_one(backend)), CLOSING, delay_s=2.0, reason="resource busy")
+    queued = backend.get_job(job.id)
+    assert (queued.status, queued.attempts, queued.deferrals) == (JobStatus.QUEUED, 0, 1)
+    (row,) = backend.attempts(job_id=job.id)
+    assert row.outcome == Outcome.DEFERRED
+    clock.advance(2.0)
+    again = fetch_one(backend)
+    assert (again.attempt, again.deferrals) == (1, 1)  # still inside max_attempts=1
+
+
+def test_release_hands_leases_back_uncharged_and_ready_at_once(backend: Backend) -> None:
+    """Invariant 9: graceful shutdown releases leases without charging attempts."""
+    jobs = [backend.enqueue(make_spec(max_attempts=1)) for _ in range(2)]
+    deliveries = backend.fetch(["default"], 2, "w1")
+    assert backend.release([guard_of(d) for d in deliveries]) == 2
+    for job in jobs:
+        released = backend.get_job(job.id)
+        assert (released.status, released.attempts) == (JobStatus.QUEUED, 0)
+        assert [a.outcome for a in backend.attempts(job_id=job.id)] == [Outcome.RELEASED]
+    assert [d.attempt for d in backend.fetch(["default"], 2, "w2")] == [1, 1]
+
+
+def test_bury_moves_the_job_to_the_dead_letter_queue_with_reason_and_error(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R7.1: a buried job keeps its payload, reason and error; its attempt closes as dead."""
+    job = backend.enqueue(make_spec())
+    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="fatal error: bad", error=ERROR)
+    dead = backend.get_job(job.id)
+    assert (dead.status, dead.dead_reason, dead.finished_at) == (
+        JobStatus.DEAD,
+        "fatal error: bad",
+        clock(),
+    )
+    assert dead.last_error == "TimeoutError: upstream slow"
+    assert dead.payload == job.payload
+    (row,) = backend.attempts(job_id=job.id)
+    assert (row.outcome, row.traceback) == (Outcome.DEAD, "tb")
+    assert backend.fetch(["default"], 10, "w1") == []
+
+
+def test_bury_queued_dead_letters_a_job_that_can_never_run(backend: Backend) -> None:
+    """R7.1, issue 2 acceptance 9: an unrunnable queued job lands in the DLQ with its reason."""
+    job = backend.enqueue(make_spec())
+    backend.bury_queued(job.id, "unknown task")
+    dead = backend.get_job(job.id)
+    assert (dead.status, dead.dead_reason) == (JobStatus.DEAD, "unknown task")
+    assert backend.fetch(["default"], 10, "w1") == []
+
+
+def test_record_refusal_marks_the_stale_delivery_own_attempt_row(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R8.1: a refused write is visible on the stale delivery's attempt, not on the job."""
+    job = backend.enqueue(make_spec(visibility_timeout_s=10.0))
+    stale = fetch_one(backend)
+    clock.advance(10.0)
+    fetch_one(backend)
+    job_before = backend.get_job(job.id)
+    backend.record_refusal(guard_of(stale), Outcome.LEASE_REFUSED, CLOSING, "lease is stale")
+    old, new = backend.attempts(job_id=job.id)
+    assert (old.outcome, old.error_type, old.error_message) == (
+        Outcome.LEASE_REFUSED,
+        "LeaseLostError",
+        "lease is stale",
+    )
+    assert new.outcome == Outcome.RUNNING
+    assert backend.get_job(job.id) == job_before
+
+
+# -- the dead letter queue (R7.3) ---------------------------------------------------------------
+
+
+def test_replay_keeps_id_payload_and_keys_and_resets_attempts(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """R7.3, invariant 8: replay queues the same job again with its operation key."""
+    job = backend.enqueue(
+        make_spec(operation_key="op:9", resource_key="res:9", lock_ttl_s=5.0, dedup_key="d:9")
+    )
+    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="fatal", error=ERROR)
+    clock.advance(100.0)
+    replayed = backend.replay(job.id)
+    assert replayed.id == job.id
+    assert replayed.status == JobStatus.QUEUED
+    assert (replayed.payload, replayed.operation_key, replayed.resource_key) == (
+        job.payload,
+        "op:9",
+        "res:9",
+    )
+    assert (replayed.dedup_key, replayed.attempts, replayed.dead_reason) == ("d:9", 0, None)
+    again = fetch_one(backend)
+    assert (again.job_id, again.attempt, again.operation_key) == (job.id, 1, "op:9")
+
+
+def test_replay_of_a_job_that_is_not_dead_is_not_found(backend: Backend) -> None:
+    """R7.3: only dead jobs can be replayed; queued, running and missing jobs are refused."""
+    queued = backend.enqueue(make_spec())
+    with pytest.raises(NotFoundError):
+        backend.replay(queued.id)
+    fetch_one(backend)
+    with pytest.raises(NotFoundError):
+        backend.replay(queued.id)
+    with pytest.raises(NotFoundError):
+        backend.replay(queued.id + 1000)
+    assert backend.get_job(queued.id).status == JobStatus.RUNNING
+
+
+def test_purge_deletes_one_dead_job_or_all_of_them_with_their_attempts(
+    backend: Backend,
+) -> None:
+    """R7.3: purge removes dead jobs and their attempt rows; live jobs are never purged."""
+    dead = []
+    for _ in range(3):
+        job = backend.enqueue(make_spec())
+        backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="fatal", error=ERROR)
+        dead.append(job)
+    live = backend.enqueue(make_spec())
+    assert backend.purge(live.id) == 0
+    assert backend.purge(dead[0].id) == 1
+    with pytest.raises(NotFoundError):
+        backend.get_job(dead[0].id)
+    assert backend.attempts(job_id=dead[0].id) == []
+    assert {j.id for j in backend.dead_jobs()} == {dead[1].id, dead[2].id}
+    assert backend.purge() == 2
+    assert backend.dead_jobs() == []
+    assert backend.get_job(live.id).status == JobStatus.QUEUED
+
+
+# -- reads --------------------------------------------------------------------------------------
+
+
+def test_get_job_of_an_unknown_id_is_not_found(backend: Backend) -> None:
+    """Port contract: ``get_job`` raises NotFoundError instead of returning nothing."""
+    with pytest.raises(NotFoundError):
+        backend.get_job(424242)
+
+
+def test_list_count_and_dead_jobs_report_what_is_stored(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """Port contract: newest first, filtered by status, counts for every state, DLQ order."""
+    assert backend.count_jobs() == dict.fromkeys(JobStatus, 0)
+    a, b, c, d = (backend.enqueue(make_spec()) for _ in range(4))
+    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="first", error=None)  # a
+    clock.advance(1.0)
+    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="second", error=None)  # b
+    backend.finish(guard_of(fetch_one(backend)), CLOSING)  # c
+    assert backend.count_jobs() == {
+        JobStatus.QUEUED: 1,
+        JobStatus.RUNNING: 0,
+        JobStatus.COMPLETED: 1,
+        JobStatus.DEAD: 2,
+    }
+    assert [j.id for j in backend.list_jobs()] == [d.id, c.id, b.id, a.id]
+    assert [j.id for j in backend.list_jobs(limit=2)] == [d.id, c.id]
+    assert [j.id for j in backend.list_jobs(JobStatus.DEAD)] == [b.id, a.id]
+    assert [j.id for j in backend.dead_jobs()] == [b.id, a.id]  # most recently buried first
+
+
+def test_now_is_the_store_clock_that_leases_expire_on(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """DESIGN 'Time': leases use the store's clock, which ``now()`` exposes."""
+    assert backend.now() == clock()
+    backend.enqueue(make_spec(visibility_timeout_s=7.0))
+    lease = fetch_one(backend)
+    clock.advance(3.0)
+    assert backend.now() == clock()
+    assert lease.lease_expires_at == backend.now() + 4.0

@@ -1,0 +1,71 @@
+"""Unit tests of the named-query loader ``jobguard.backends._sql`` and the SQLite query file."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+
+from jobguard.backends import _sql
+from jobguard.backends.sqlite import backend as sqlite_backend
+from jobguard.backends.sqlite.connection import split_statements
+
+
+def test_parse_queries_splits_named_statements_and_keeps_their_comments() -> None:
+    """STYLE: SQL lives in .sql files as named queries, loaded once."""
+    text = """
+-- header comment, not a query
+-- name: first
+-- What the first one does.
+SELECT 1;
+
+-- name: second_one
+UPDATE t SET x = 1
+WHERE y = :y;
+"""
+    queries = _sql.parse_queries(text)
+    assert list(queries) == ["first", "second_one"]
+    assert queries["first"] == "-- What the first one does.\nSELECT 1;"
+    assert queries["second_one"] == "UPDATE t SET x = 1\nWHERE y = :y;"
+
+
+def test_a_query_name_defined_twice_is_refused() -> None:
+    """A duplicate name would silently replace a statement; it is an error at load time."""
+    with pytest.raises(ValueError, match="'same' is defined twice"):
+        _sql.parse_queries("-- name: same\nSELECT 1;\n-- name: same\nSELECT 2;\n")
+
+
+def test_an_empty_query_is_refused() -> None:
+    """A name with no statement under it is a mistake in the file."""
+    with pytest.raises(ValueError, match="'nothing' is empty"):
+        _sql.parse_queries("-- name: nothing\n\n-- name: something\nSELECT 1;\n")
+
+
+def test_every_query_the_sqlite_backend_uses_is_defined_and_every_defined_one_is_used() -> None:
+    """No ``KeyError`` waiting in a rare code path, and no dead SQL in queries.sql."""
+    defined = set(_sql.load_queries("jobguard.backends.sqlite"))
+    source = inspect.getsource(sqlite_backend)
+    indexed = set(re.findall(r'Q\["([a-z_0-9]+)"\]', source))
+    assert indexed - defined == set()
+    # Names also travel as plain strings (``query="retry_job"``); any mention counts as a use.
+    mentioned = set(re.findall(r'"([a-z_0-9]+)"', source))
+    assert defined - mentioned == set()
+
+
+def test_sqlite_migrations_are_numbered_from_one_without_gaps() -> None:
+    """Migrations apply in order; a gap or duplicate number is refused at load time."""
+    migrations = _sql.load_migrations("jobguard.backends.sqlite")
+    assert [version for version, _, _ in migrations] == list(range(1, len(migrations) + 1))
+    assert all(sql.strip() for _, _, sql in migrations)
+
+
+def test_split_statements_keeps_multi_line_statements_whole_and_drops_comments() -> None:
+    """Migrations run statement by statement inside one transaction."""
+    script = "-- comment\nCREATE TABLE a (\n  x INTEGER -- inline\n);\n\nCREATE INDEX i ON a (x);\n"
+    assert split_statements(script) == [
+        "CREATE TABLE a (\n  x INTEGER -- inline\n);",
+        "CREATE INDEX i ON a (x);",
+    ]
+    with pytest.raises(ValueError, match="incomplete"):
+        split_statements("CREATE TABLE b (x INTEGER")
