@@ -6,7 +6,7 @@ import contextlib
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from jobguard.backends import DEFAULT_URL, open_backend
 from jobguard.backends.base import Backend
@@ -16,6 +16,9 @@ from jobguard.hooks import Hooks
 from jobguard.models import Attempt, DeadJob, Job, JobStatus, LockGrant, Operation
 from jobguard.task import CallOptions, Task, check_queue_name
 from jobguard.worker import Worker
+
+if TYPE_CHECKING:
+    from jobguard.diagnostics import Diagnosis
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_VISIBILITY_TIMEOUT_S = 30.0
@@ -258,6 +261,19 @@ class App:
     def operation(self, key: str) -> Operation | None:
         """The operation record for ``key`` with its completed steps, or ``None``."""
         return self.backend.get_operation(key)
+
+    def diagnose(
+        self, *, task: str | None = None, since_s: float | None = None, limit: int = 5000
+    ) -> Diagnosis:
+        """Overlaps, durations against timeouts, retry spikes and an audit (R8.2-R8.5).
+
+        Read-only. Looks at the ``limit`` most recent attempts (and as many newest jobs), of
+        ``task`` only if given, active in the last ``since_s`` seconds if given. See
+        ``docs/diagnostics.md``; ``jobguard doctor`` prints the same report.
+        """
+        from jobguard.diagnostics import diagnose, read_snapshot
+
+        return diagnose(read_snapshot(self.backend, task=task, since_s=since_s, limit=limit))
 
     # -- running --------------------------------------------------------------------------------
 

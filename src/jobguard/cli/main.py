@@ -3,7 +3,8 @@
 Exit codes (also in ``docs/cli.md``):
 
 * 0 — success
-* 1 — the command ran and failed (e.g. not found, the demo's invariants did not hold)
+* 1 — the command ran and failed (e.g. not found, the demo's invariants did not hold, the
+  doctor found overlapping executions or a timeout below a task's longest run)
 * 2 — bad usage or arguments (click's convention)
 * 3 — the store is unavailable (cannot open, locked past its timeout)
 """
@@ -36,6 +37,7 @@ COMMANDS = {
     "attempts": "jobguard.cli.jobs_cmd:attempts",
     "dlq": "jobguard.cli.dlq_cmd:dlq",
     "demo": "jobguard.cli.demo_cmd:demo",
+    "doctor": "jobguard.cli.doctor_cmd:doctor",
 }
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
@@ -43,6 +45,7 @@ SHORT_HELP = {
     "attempts": "Show the attempt log of a job or an operation (R8.1).",
     "demo": "Run the order-fulfillment demo under injected faults.",
     "dlq": "Inspect, replay and purge the dead letter queue (R7).",
+    "doctor": "Find overlaps, tight timeouts, retry spikes and missing traces (R8.2-R8.5).",
     "enqueue": "Enqueue a job of a registered task.",
     "jobs": "List jobs, newest first.",
     "worker": "Run a worker process.",

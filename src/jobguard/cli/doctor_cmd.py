@@ -1,0 +1,231 @@
+"""``jobguard doctor``: overlaps, durations against timeouts, retries and an audit (R8.2-R8.5).
+
+Exit code 1 when it finds a problem (an overlap, or a visibility timeout or lock TTL below the
+longest run of its task), 0 otherwise; warnings are printed but do not change the exit code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from jobguard.cli.jobs_cmd import console, dash, duration, table, when
+from jobguard.cli.state import CliState
+from jobguard.diagnostics import Audit, Diagnosis, Overlap, Run, Severity, TaskDurations
+from jobguard.diagnostics.retries import RECENT_RUNS
+
+EXIT_PROBLEMS = 1
+
+
+def _instant(ts: float) -> str:
+    """Store seconds as ``HH:MM:SS.mmm`` UTC: overlaps are often shorter than a second."""
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _heading(out: Console, title: str) -> None:
+    out.print()
+    out.print(Text(title, style="bold underline"))
+
+
+def _run_line(label: str, run: Run) -> Text:
+    return Text(
+        f"  {label + ':':7} attempt {run.attempt_id} (job {run.job_id} delivery #{run.attempt}) "
+        f"on {run.worker_id}, lease {run.lease_token}, fence {dash(run.fence)}, "
+        f"{run.outcome.value}, {_instant(run.started_at)} -> {_instant(run.ended_at)} UTC"
+    )
+
+
+def _print_overlaps(out: Console, overlaps: Sequence[Overlap]) -> None:
+    _heading(out, "Overlaps (R8.2)")
+    if not overlaps:
+        out.print("  none: no operation ran on two deliveries at the same time")
+        return
+    for overlap in overlaps:
+        out.print(
+            Text(
+                f"{overlap.key}: two deliveries ran at once for {duration(overlap.overlap_s)}",
+                style="bold red",
+            )
+        )
+        out.print(_run_line("first", overlap.first))
+        out.print(_run_line("second", overlap.second))
+        for number, cause in enumerate(overlap.causes):
+            out.print(Text(f"  {'likely cause' if number == 0 else 'also'}: {cause}"))
+
+
+def _print_durations(out: Console, durations: Sequence[TaskDurations]) -> None:
+    _heading(out, "Durations vs timeouts (R8.3)")
+    if not durations:
+        out.print("  no measured runs")
+        return
+    out.print(
+        table(
+            "",
+            ["task", "runs", "p50", "p95", "p99", "max", "visibility timeout", "lock TTL"],
+            (
+                [
+                    d.task,
+                    d.runs,
+                    duration(d.p50_s),
+                    duration(d.p95_s),
+                    duration(d.p99_s),
+                    duration(d.max_s),
+                    duration(d.visibility_timeout_s),
+                    duration(d.lock_ttl_s),
+                ]
+                for d in durations
+            ),
+        )
+    )
+    advice = [(d.task, a) for d in durations for a in d.advice]
+    if not advice:
+        out.print("  every timeout leaves room above the slowest runs")
+    styles = {Severity.PROBLEM: "bold red", Severity.WARNING: "yellow", Severity.HINT: ""}
+    for task, item in advice:
+        out.print(
+            Text(f"  {item.severity.value}: {task}: {item.message}", style=styles[item.severity])
+        )
+
+
+def _print_retries(out: Console, diagnosis: Diagnosis) -> None:
+    _heading(out, "Retries and repeating errors (R8.4)")
+    if not diagnosis.retries:
+        out.print("  no handler runs")
+    else:
+        out.print(
+            table(
+                "",
+                [
+                    "task",
+                    "runs",
+                    "retries",
+                    "dead",
+                    "retry rate",
+                    f"last {RECENT_RUNS} runs",
+                    "spike",
+                ],
+                (
+                    [
+                        r.task,
+                        r.runs,
+                        r.retries,
+                        r.dead,
+                        f"{r.retry_rate:.0%}",
+                        f"{r.recent_retry_rate:.0%} of {r.recent_runs}",
+                        "SPIKE" if r.spike else "-",
+                    ]
+                    for r in diagnosis.retries
+                ),
+            )
+        )
+    if not diagnosis.errors:
+        out.print("  no error repeated")
+        return
+    out.print(
+        table(
+            "errors seen more than once, most frequent first",
+            ["task", "error", "where", "attempts", "jobs", "example jobs", "poison candidate"],
+            (
+                [
+                    e.task,
+                    f"{e.error_type}: {e.message}",
+                    e.where,
+                    e.attempts,
+                    e.jobs,
+                    ", ".join(str(job_id) for job_id in e.job_ids),
+                    f"yes ({e.max_per_job}x on one job)" if e.poison else "-",
+                ]
+                for e in diagnosis.errors
+            ),
+        )
+    )
+
+
+def _print_audit(out: Console, audit: Audit) -> None:
+    _heading(out, "Audit (R8.5)")
+    out.print(
+        f"  {audit.completed_jobs_with_key} completed jobs with an operation key; "
+        f"{audit.operations_completed} operations completed: {audit.with_external_ref} with an "
+        f"external reference, {audit.without_external_ref} without"
+    )
+    for traces in audit.by_task:
+        line = (
+            f"  {traces.task}: {traces.completed} completed, {traces.with_external_ref} with "
+            f"an external reference, {traces.without_external_ref} without"
+        )
+        if traces.examples_without:
+            line += f" (e.g. {', '.join(traces.examples_without)})"
+        out.print(Text(line))
+    missing = ", ".join(str(job_id) for job_id in audit.missing_records) or "none"
+    out.print(Text(f"  completed jobs without a completed operation record: {missing}"))
+    stuck = ", ".join(audit.stuck_processing) or "none"
+    out.print(Text(f"  operations stuck in processing with no queued or running job: {stuck}"))
+
+
+def _print(diagnosis: Diagnosis) -> None:
+    out = console()
+    scope = f"task {diagnosis.task}" if diagnosis.task else "every task"
+    since = f"since {when(diagnosis.since)} UTC" if diagnosis.since is not None else "all read"
+    out.print(Text(f"doctor: {diagnosis.attempts} attempts of {scope}, {since}", style="bold"))
+    _print_overlaps(out, diagnosis.overlaps)
+    _print_durations(out, diagnosis.durations)
+    _print_retries(out, diagnosis)
+    _print_audit(out, diagnosis.audit)
+    out.print()
+    problems, warnings = diagnosis.problems, diagnosis.warnings
+    if problems:
+        out.print(Text(f"doctor: {len(problems)} problem(s) to fix", style="bold red"))
+        for problem in problems:
+            out.print(Text(f"  - {problem}"))
+    else:
+        out.print(Text("doctor: no problems found", style="bold green"))
+    if warnings:
+        out.print(Text(f"doctor: {len(warnings)} warning(s)", style="yellow"))
+        for warning in warnings:
+            out.print(Text(f"  - {warning}"))
+
+
+@click.command()
+@click.option("--task", "task", default=None, metavar="NAME", help="Only this task.")
+@click.option(
+    "--since-s",
+    default=None,
+    type=click.FloatRange(0, min_open=True),
+    help="Only attempts and jobs active in the last this many seconds.",
+)
+@click.option(
+    "--limit",
+    default=5000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Read at most this many recent attempts (and newest jobs).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def doctor(
+    ctx: click.Context, task: str | None, since_s: float | None, limit: int, as_json: bool
+) -> None:
+    """Find overlaps, timeouts too close to real durations, retry spikes and missing traces.
+
+    Exits 1 when it finds an overlap (R8.2) or a visibility timeout or lock TTL below the
+    longest run of its task (R8.3); 0 otherwise.
+    """
+    state: CliState = ctx.obj
+    diagnosis = state.inspecting_app().diagnose(task=task, since_s=since_s, limit=limit)
+    if as_json:
+        report = {
+            "problems": diagnosis.problems,
+            "warnings": diagnosis.warnings,
+            **dataclasses.asdict(diagnosis),
+        }
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print(diagnosis)
+    if diagnosis.problems:
+        ctx.exit(EXIT_PROBLEMS)

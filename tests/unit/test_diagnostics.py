@@ -1,0 +1,724 @@
+"""The diagnostics checks (R8.2-R8.5) over constructed attempt, job and operation values.
+
+Every check is a pure function, so each branch is driven here with hand-built values; the
+end-to-end versions against a real store and real workers are in ``tests/e2e/test_doctor.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from jobguard.diagnostics import Diagnosis, Severity, Snapshot, diagnose
+from jobguard.diagnostics.audit import audit
+from jobguard.diagnostics.durations import (
+    HEADROOM,
+    TaskDurations,
+    advise,
+    percentile,
+    recommended_s,
+    task_durations,
+)
+from jobguard.diagnostics.overlaps import Run, find_overlaps, likely_causes, run_of
+from jobguard.diagnostics.poison import repeated_errors, signature_of
+from jobguard.diagnostics.retries import retry_rates
+from jobguard.diagnostics.snapshot import attempt_in_scope
+from jobguard.models import Attempt, Job, JobStatus, Operation, OperationStatus, Outcome
+
+T0 = 1_700_000_000.0
+
+_ids = iter(range(1, 1_000_000))
+
+
+def attempt(**fields: Any) -> Attempt:
+    """An attempt row; every field not given has a plain default (a fresh id and token)."""
+    number = next(_ids)
+    values: dict[str, Any] = {
+        "id": number,
+        "job_id": 1,
+        "attempt": 1,
+        "task": "sync",
+        "queue": "default",
+        "operation_key": "op:1",
+        "worker_id": "w1",
+        "lease_token": f"lease-{number}",
+        "lock_owner": None,
+        "fence": None,
+        "started_at": T0,
+        "ended_at": T0 + 1,
+        "duration_s": 1.0,
+        "outcome": Outcome.COMPLETED,
+        "error_type": None,
+        "error_message": None,
+        "traceback": None,
+        "steps_run": 0,
+        "steps_skipped": 0,
+    }
+    values.update(fields)
+    return Attempt(**values)
+
+
+def job(**fields: Any) -> Job:
+    """A job row with a 30 s lease, no lock and an operation key unless told otherwise."""
+    values: dict[str, Any] = {
+        "id": 1,
+        "task": "sync",
+        "queue": "default",
+        "payload": "{}",
+        "status": JobStatus.COMPLETED,
+        "priority": 0,
+        "attempts": 1,
+        "max_attempts": 5,
+        "deferrals": 0,
+        "run_at": T0,
+        "created_at": T0,
+        "finished_at": T0 + 1,
+        "visibility_timeout_s": 30.0,
+        "operation_key": "op:1",
+        "resource_key": None,
+        "lock_ttl_s": None,
+        "dedup_key": None,
+        "last_error": None,
+        "dead_reason": None,
+    }
+    values.update(fields)
+    return Job(**values)
+
+
+def operation(key: str, **fields: Any) -> Operation:
+    """A completed operation record without an external reference unless told otherwise."""
+    values: dict[str, Any] = {
+        "key": key,
+        "status": OperationStatus.COMPLETED,
+        "resource_key": None,
+        "result": None,
+        "external_ref": None,
+        "attempts": 1,
+        "fence": None,
+        "created_at": T0,
+        "updated_at": T0 + 1,
+        "completed_at": T0 + 1,
+        "last_error": None,
+    }
+    values.update(fields)
+    return Operation(**values)
+
+
+def traceback_text(line: int, error: str = "TimeoutError: the ERP did not answer") -> str:
+    """A traceback as the worker stores it, failing at ``erp.py:LINE``."""
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/app/tasks.py", line 12, in sync_order\n'
+        "    erp.fetch(order_id)\n"
+        f'  File "/srv/app/erp.py", line {line}, in fetch\n'
+        "    raise TimeoutError(...)\n"
+        f"{error}\n"
+    )
+
+
+# -- R8.2 overlaps ------------------------------------------------------------------------------
+
+
+def test_no_attempts_means_no_overlaps() -> None:
+    """R8.2, "no data": an empty log has nothing to report."""
+    assert find_overlaps([], {}, T0) == []
+
+
+def test_stale_delivery_that_ran_on_after_its_lease_was_taken_over_overlaps_its_successor() -> None:
+    """R8.2: the old attempt was closed as lost at the take-over (``ended_at``), but it reported
+    later how long it really ran (``duration_s``): that run, not the row's end, overlaps."""
+    stale = attempt(
+        worker_id="w1",
+        started_at=T0,
+        ended_at=T0 + 1.0,
+        duration_s=1.5,
+        outcome=Outcome.LEASE_REFUSED,
+    )
+    fresh = attempt(
+        attempt=2, worker_id="w2", started_at=T0 + 1.0, ended_at=T0 + 1.2, duration_s=0.2
+    )
+    jobs = {1: job(visibility_timeout_s=1.0)}
+
+    [overlap] = find_overlaps([fresh, stale], jobs, now=T0 + 10)
+
+    assert overlap.key == overlap.operation_key == "op:1"
+    assert (overlap.first.attempt_id, overlap.second.attempt_id) == (stale.id, fresh.id)
+    assert (overlap.first.worker_id, overlap.second.worker_id) == ("w1", "w2")
+    assert overlap.first.lease_token == stale.lease_token
+    assert overlap.second.lease_token == fresh.lease_token
+    assert overlap.first.ended_at == pytest.approx(T0 + 1.5)
+    assert overlap.overlap_s == pytest.approx(0.2)
+    assert overlap.causes[0].startswith("lease shorter than the job")
+    assert "visibility_timeout_s=1" in overlap.causes[0]
+    assert overlap.causes[1].startswith("no resource lock")
+
+
+def test_crashed_delivery_ends_when_its_lease_was_taken_over_so_no_overlap() -> None:
+    """R8.2: a ``lost`` attempt with no reported duration ends at the take-over; the next
+    delivery starts at that very instant, which is a hand-over, not an overlap."""
+    lost = attempt(ended_at=T0 + 1.0, duration_s=None, outcome=Outcome.LOST)
+    fresh = attempt(attempt=2, worker_id="w2", started_at=T0 + 1.0, ended_at=T0 + 2.0)
+    assert find_overlaps([lost, fresh], {1: job()}, now=T0 + 10) == []
+
+
+def test_running_attempt_ends_now_and_two_jobs_of_one_operation_are_named() -> None:
+    """R8.2: a still-running attempt counts up to the store clock; two jobs with one operation
+    key that ran together are reported with that as a cause."""
+    running = attempt(job_id=1, ended_at=None, duration_s=None, outcome=Outcome.RUNNING)
+    other = attempt(job_id=2, worker_id="w2", started_at=T0 + 5, ended_at=T0 + 6, duration_s=1)
+    jobs = {1: job(id=1), 2: job(id=2)}
+
+    [overlap] = find_overlaps([running, other], jobs, now=T0 + 20)
+
+    assert overlap.first.ended_at == T0 + 20
+    assert overlap.overlap_s == pytest.approx(1.0)
+    assert any(cause.startswith("two jobs (1 and 2)") for cause in overlap.causes)
+
+
+def test_deliveries_that_never_ran_the_handler_cannot_overlap() -> None:
+    """R8.2: ``deferred`` and ``already_processed`` attempts ended before the handler."""
+    first = attempt(started_at=T0, ended_at=T0 + 10, duration_s=10)
+    deferred = attempt(worker_id="w2", started_at=T0 + 1, outcome=Outcome.DEFERRED)
+    acked = attempt(worker_id="w3", started_at=T0 + 2, outcome=Outcome.ALREADY_PROCESSED)
+    assert run_of(deferred, T0) is None
+    assert run_of(acked, T0) is None
+    assert find_overlaps([first, deferred, acked], {1: job()}, now=T0 + 20) == []
+
+
+def test_attempts_of_different_operations_do_not_overlap_but_one_job_without_a_key_does() -> None:
+    """R8.2: overlaps are per operation key; a job without one is grouped by its own id."""
+    a = attempt(operation_key="op:1", started_at=T0, ended_at=T0 + 5, duration_s=5)
+    b = attempt(operation_key="op:2", job_id=2, started_at=T0 + 1, ended_at=T0 + 2)
+    c = attempt(operation_key=None, job_id=7, started_at=T0, ended_at=T0 + 5, duration_s=5)
+    d = attempt(operation_key=None, job_id=7, attempt=2, started_at=T0 + 4, ended_at=T0 + 6)
+    e = attempt(operation_key=None, job_id=8, started_at=T0 + 1, ended_at=T0 + 2)
+    jobs = {n: job(id=n, operation_key=None) for n in (7, 8)}
+
+    [overlap] = find_overlaps([a, b, c, d, e], jobs, now=T0 + 10)
+
+    assert (overlap.key, overlap.operation_key) == ("job 7", None)
+    assert (overlap.first.attempt_id, overlap.second.attempt_id) == (c.id, d.id)
+
+
+def test_closed_attempt_without_an_end_proves_no_overlap() -> None:
+    """R8.2: a closed row with neither ``ended_at`` nor a duration has no known run; a
+    zero-length run that starts inside another is not counted as an overlap."""
+    long_run = attempt(started_at=T0, ended_at=T0 + 10, duration_s=10)
+    unknown = attempt(
+        worker_id="w2", started_at=T0 + 3, ended_at=None, duration_s=None, outcome=Outcome.RELEASED
+    )
+    run = run_of(unknown, now=T0 + 100)
+    assert run is not None
+    assert run.ended_at == run.started_at
+    assert find_overlaps([long_run, unknown], {1: job()}, now=T0 + 100) == []
+
+
+def test_every_intersecting_pair_is_reported_earliest_first() -> None:
+    """R8.2: a long run overlapping two later ones gives two pairs; runs that merely follow
+    each other, or start after the long one ended, give none."""
+    long_run = attempt(started_at=T0, ended_at=T0 + 10, duration_s=10)
+    b = attempt(worker_id="w2", started_at=T0 + 1, ended_at=T0 + 2, duration_s=1)
+    c = attempt(worker_id="w3", started_at=T0 + 5, ended_at=T0 + 6, duration_s=1)
+    later = attempt(worker_id="w4", started_at=T0 + 11, ended_at=T0 + 12, duration_s=1)
+
+    found = find_overlaps([later, c, b, long_run], {1: job()}, now=T0 + 20)
+
+    assert [(o.first.attempt_id, o.second.attempt_id) for o in found] == [
+        (long_run.id, b.id),
+        (long_run.id, c.id),
+    ]
+
+
+def _run(attempt_id: int, started_at: float, ended_at: float, fence: int | None) -> Run:
+    return Run(
+        attempt_id=attempt_id,
+        job_id=1,
+        attempt=attempt_id,
+        worker_id=f"w{attempt_id}",
+        lease_token=f"t{attempt_id}",
+        lock_owner=None,
+        fence=fence,
+        outcome=Outcome.COMPLETED,
+        started_at=started_at,
+        ended_at=ended_at,
+    )
+
+
+def test_lock_ttl_shorter_than_the_job_is_the_cause_when_the_lease_was_long_enough() -> None:
+    """R8.2 causes: a lease longer than the run and a lock TTL shorter than it point at the lock,
+    with both fences named."""
+    first, second = _run(1, T0, T0 + 5, fence=1), _run(2, T0 + 2, T0 + 3, fence=2)
+    locked = job(visibility_timeout_s=60.0, resource_key="order:1", lock_ttl_s=2.0)
+    [cause] = likely_causes(first, second, locked)
+    assert cause.startswith("lock TTL shorter than the job: lock_ttl_s=2 on 'order:1'")
+    assert "fence 1 then 2" in cause
+
+
+def test_overlap_within_lease_and_lock_is_unexplained_and_a_missing_job_unknown() -> None:
+    """R8.2 causes: nothing in the job explains it (say so); no job row, no judgement."""
+    first, second = _run(1, T0, T0 + 5, fence=1), _run(2, T0 + 2, T0 + 3, fence=2)
+    locked = job(visibility_timeout_s=60.0, resource_key="order:1", lock_ttl_s=60.0)
+    [cause] = likely_causes(first, second, locked)
+    assert cause.startswith("unexplained")
+    [cause] = likely_causes(first, second, None)
+    assert cause.startswith("unknown: the job row is gone")
+
+
+# -- R8.3 durations -----------------------------------------------------------------------------
+
+
+def test_percentile_is_nearest_rank() -> None:
+    """R8.3: p50/p95/p99/max of 1..100 are 50, 95, 99 and 100; one value is every percentile;
+    no value is an error."""
+    values = [float(n) for n in range(1, 101)]
+    assert [percentile(values, p) for p in (50, 95, 99, 100)] == [50.0, 95.0, 99.0, 100.0]
+    assert percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 50)
+
+
+def test_no_measured_runs_means_no_duration_report() -> None:
+    """R8.3, "no data": no attempts, or only ones without a measured handler run."""
+    assert task_durations([], {}) == []
+    unmeasured = [
+        attempt(outcome=Outcome.RUNNING, ended_at=None, duration_s=None),
+        attempt(outcome=Outcome.LOST, duration_s=None),
+        attempt(outcome=Outcome.DEFERRED, duration_s=0.01),
+        attempt(outcome=Outcome.ALREADY_PROCESSED, duration_s=0.01),
+        attempt(outcome=Outcome.RELEASED, duration_s=0.5),
+    ]
+    assert task_durations(unmeasured, {1: job()}) == []
+
+
+def test_durations_count_every_run_of_the_handler_including_refused_stale_ones() -> None:
+    """R8.3: completed, retried, buried and refused deliveries all ran the handler; the task's
+    timeouts are the shortest among its jobs."""
+    attempts = [
+        attempt(job_id=1, duration_s=1.0),
+        attempt(job_id=1, duration_s=2.0, outcome=Outcome.RETRY),
+        attempt(job_id=2, duration_s=3.0, outcome=Outcome.DEAD),
+        attempt(job_id=2, duration_s=4.0, outcome=Outcome.FENCE_REFUSED),
+        attempt(job_id=3, duration_s=9.0, outcome=Outcome.LEASE_REFUSED),
+        attempt(job_id=4, task="other", duration_s=0.1),
+    ]
+    jobs = {
+        1: job(id=1, visibility_timeout_s=60.0, resource_key="r:1", lock_ttl_s=40.0),
+        2: job(id=2, visibility_timeout_s=45.0, resource_key="r:2", lock_ttl_s=50.0),
+        3: job(id=3, visibility_timeout_s=90.0),
+    }
+
+    other, sync = task_durations(attempts, jobs)  # by task name
+
+    assert (sync.task, sync.runs) == ("sync", 5)
+    assert (sync.p50_s, sync.p95_s, sync.p99_s, sync.max_s) == (3.0, 9.0, 9.0, 9.0)
+    assert (sync.visibility_timeout_s, sync.lock_ttl_s) == (45.0, 40.0)
+    assert sync.advice == ()
+    # Job 4 was never read (purged): its timeouts are unknown, so nothing is advised.
+    assert (other.task, other.runs, other.visibility_timeout_s, other.lock_ttl_s) == (
+        "other",
+        1,
+        None,
+        None,
+    )
+    assert other.advice == ()
+
+
+def stats(**fields: Any) -> TaskDurations:
+    """A distribution of 100 runs: p50 1 s, p95 2 s, p99 4 s, max 5 s, 30 s lease, no lock."""
+    values: dict[str, Any] = {
+        "task": "sync",
+        "runs": 100,
+        "p50_s": 1.0,
+        "p95_s": 2.0,
+        "p99_s": 4.0,
+        "max_s": 5.0,
+        "visibility_timeout_s": 30.0,
+        "lock_ttl_s": None,
+        "advice": (),
+    }
+    values.update(fields)
+    return TaskDurations(**values)
+
+
+def test_timeout_below_the_longest_run_is_a_problem_with_a_recommended_value() -> None:
+    """R8.3, R10: a visibility timeout under the max duration is a problem; the advice names a
+    value above both twice p99 and the max, and suggests a queue of its own."""
+    [advice] = advise(stats(visibility_timeout_s=4.5, runs=5))
+    assert advice.severity == Severity.PROBLEM
+    assert advice.setting == "visibility_timeout_s"
+    assert advice.recommended_s == recommended_s(4.0, 5.0) == 9.0
+    assert "raise visibility_timeout_s to at least 9" in advice.message
+    assert "their own queue" in advice.message
+
+
+def test_timeout_near_p99_is_a_warning_and_a_comfortable_one_says_nothing() -> None:
+    """R8.3: above the max but under HEADROOM x p99 warns; at or above it, no advice."""
+    [advice] = advise(stats(visibility_timeout_s=6.0, runs=5))
+    assert advice.severity == Severity.WARNING
+    assert advice.recommended_s == 9.0
+    assert f"less than {HEADROOM:g}x the p99 duration (4.00 s)" in advice.message
+    assert advise(stats(visibility_timeout_s=HEADROOM * 4.0)) == ()
+
+
+def test_lock_ttl_is_judged_like_the_visibility_timeout() -> None:
+    """R8.3: the lock TTL gets its own advice; no lock (``None``) gets none."""
+    [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=3.0, runs=5))
+    assert (advice.severity, advice.setting) == (Severity.PROBLEM, "lock_ttl_s")
+    [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=7.0, runs=5))
+    assert (advice.severity, advice.setting) == (Severity.WARNING, "lock_ttl_s")
+    assert advise(stats(visibility_timeout_s=60.0, lock_ttl_s=None)) == ()
+
+
+def test_long_tail_hint_needs_a_timeout_finding_and_enough_runs() -> None:
+    """R8.3 / R2.3: "move slow jobs to their own queue" follows a timeout finding on a task whose
+    slowest runs take many times its median, once there are enough runs to tell."""
+    problem, hint = advise(stats(visibility_timeout_s=4.5, runs=10))
+    assert problem.severity == Severity.PROBLEM
+    assert (hint.severity, hint.setting) == (Severity.HINT, "queue")
+    assert "queue_visibility_timeouts_s={'slow': 9}" in hint.message
+    assert [a.severity for a in advise(stats(visibility_timeout_s=4.5, runs=9))] == [
+        Severity.PROBLEM
+    ]
+    assert advise(stats(visibility_timeout_s=60.0, p50_s=0.1, runs=1000)) == ()
+    narrow = stats(visibility_timeout_s=4.5, p50_s=4.0, runs=1000)
+    assert [a.severity for a in advise(narrow)] == [Severity.PROBLEM]
+
+
+def test_recommended_timeout_is_a_whole_second_above_both_bounds() -> None:
+    """R8.3: twice p99 when that dominates, else just above the longest run."""
+    assert recommended_s(p99_s=2.0, max_s=3.0) == 5.0
+    assert recommended_s(p99_s=1.0, max_s=7.5) == 8.0
+    assert recommended_s(p99_s=0.001, max_s=0.002) == 1.0
+    assert all(
+        recommended_s(p, m) > max(HEADROOM * p, m)
+        and recommended_s(p, m) == math.floor(recommended_s(p, m))
+        for p, m in ((0.3, 0.4), (1.5, 3.0), (10.0, 10.0))
+    )
+
+
+# -- R8.4 retries and repeating errors ----------------------------------------------------------
+
+
+def test_no_runs_means_no_retry_report() -> None:
+    """R8.4, "no data": nothing ran the handler to a verdict."""
+    assert retry_rates([]) == []
+    assert retry_rates([attempt(outcome=Outcome.LOST), attempt(outcome=Outcome.DEFERRED)]) == []
+
+
+def test_retry_rate_counts_retries_over_runs_per_task() -> None:
+    """R8.4: only completed, retry and dead are runs; the rate is retries over runs."""
+    outcomes = [Outcome.RETRY] * 3 + [Outcome.DEAD] + [Outcome.COMPLETED] * 6
+    attempts = [attempt(started_at=T0 + n, outcome=outcome) for n, outcome in enumerate(outcomes)]
+    attempts += [attempt(outcome=Outcome.LEASE_REFUSED), attempt(task="other")]
+
+    other, sync_rates = retry_rates(attempts)  # by task name
+
+    assert (sync_rates.task, sync_rates.runs, sync_rates.retries, sync_rates.dead) == (
+        "sync",
+        10,
+        3,
+        1,
+    )
+    assert sync_rates.retry_rate == pytest.approx(0.3)
+    assert sync_rates.recent_runs == 10
+    assert sync_rates.spike
+    assert (other.task, other.runs, other.retry_rate, other.spike) == ("other", 1, 0.0, False)
+
+
+def test_spike_is_judged_on_the_most_recent_runs_with_enough_of_them() -> None:
+    """R8.4: many retries long ago are no spike now; a burst of retries among few runs is not
+    judged; recent retries among enough runs are."""
+    old_trouble = [
+        attempt(started_at=T0 + n, outcome=Outcome.RETRY if n < 10 else Outcome.COMPLETED)
+        for n in range(20)
+    ]
+    [calm] = retry_rates(old_trouble, recent_runs=10)
+    assert calm.retry_rate == 0.5
+    assert (calm.recent_runs, calm.recent_retry_rate, calm.spike) == (10, 0.0, False)
+
+    few = [attempt(started_at=T0 + n, outcome=Outcome.RETRY) for n in range(4)]
+    [unjudged] = retry_rates(few)
+    assert (unjudged.recent_retry_rate, unjudged.spike) == (1.0, False)
+
+    rising = old_trouble[10:] + [
+        attempt(started_at=T0 + 100 + n, outcome=Outcome.RETRY) for n in range(3)
+    ]
+    [spike] = retry_rates(rising, recent_runs=10, spike_rate=0.25, min_runs=5)
+    assert (spike.recent_retry_rate, spike.spike) == (pytest.approx(0.3), True)
+
+
+def test_signature_follows_the_stack_not_the_message() -> None:
+    """R8.4 / R7.2: one stack trace is one signature whatever ids its message carries; another
+    line or class is another signature; the innermost frame is where it struck."""
+    first, where = signature_of("TimeoutError", "order 17", traceback_text(40))
+    again, _ = signature_of("TimeoutError", "order 18", traceback_text(40))
+    elsewhere, _ = signature_of("TimeoutError", "order 17", traceback_text(41))
+    other_type, _ = signature_of("ValueError", "order 17", traceback_text(40))
+    assert first == again
+    assert len({first, elsewhere, other_type}) == 3
+    assert where == "erp.py:40 in fetch"
+
+
+def test_signature_without_a_traceback_uses_the_message_prefix_with_digits_masked() -> None:
+    """R8.4: errors raised before the handler (no traceback) group by class and message
+    prefix, so ``order 17`` and ``order 18`` are one error and ``bad payload`` another."""
+    a, where = signature_of("Unrunnable", "order 17 has no handler", None)
+    b, _ = signature_of("Unrunnable", "order 18 has no handler", None)
+    c, _ = signature_of("Unrunnable", "bad payload", None)
+    assert where is None
+    assert a == b != c
+
+
+def test_no_failures_means_no_repeating_errors() -> None:
+    """R8.4, "no data": no failed attempt, failures seen only once, or without an error class."""
+    assert repeated_errors([]) == []
+    once = attempt(outcome=Outcome.RETRY, error_type="KeyError", traceback=traceback_text(5))
+    assert repeated_errors([attempt(), once]) == []
+    unnamed = [attempt(outcome=Outcome.RETRY, error_type=None) for _ in range(3)]
+    assert repeated_errors(unnamed) == []
+
+
+def test_repeating_error_groups_count_attempts_jobs_and_name_poison_candidates() -> None:
+    """R8.4: one stack trace failing job 4 three times is a poison candidate; the same trace on
+    several jobs once each is a repeating error but not poison; refusals are not errors."""
+    poison = [
+        attempt(
+            job_id=4,
+            started_at=T0 + n,
+            outcome=Outcome.RETRY if n < 2 else Outcome.DEAD,
+            error_type="TimeoutError",
+            error_message=f"order 4 try {n}",
+            traceback=traceback_text(40),
+        )
+        for n in range(3)
+    ]
+    spread = [
+        attempt(
+            job_id=job_id,
+            started_at=T0 + 10 + job_id,
+            outcome=Outcome.RETRY,
+            error_type="KeyError",
+            error_message="'sku'",
+            traceback=traceback_text(77, "KeyError: 'sku'"),
+        )
+        for job_id in (10, 11, 12, 13)
+    ]
+    refused = [
+        attempt(outcome=Outcome.LEASE_REFUSED, error_type="LeaseLostError", error_message="x")
+        for _ in range(5)
+    ]
+
+    spread_group, poison_group = repeated_errors([*poison, *spread, *refused])
+
+    assert (spread_group.error_type, spread_group.attempts, spread_group.jobs) == ("KeyError", 4, 4)
+    assert spread_group.job_ids == (10, 11, 12, 13)
+    assert (spread_group.max_per_job, spread_group.poison, spread_group.dead) == (1, False, 0)
+    assert spread_group.where == "erp.py:77 in fetch"
+
+    assert (poison_group.error_type, poison_group.attempts, poison_group.jobs) == (
+        "TimeoutError",
+        3,
+        1,
+    )
+    assert (poison_group.job_ids, poison_group.max_per_job, poison_group.poison) == ((4,), 3, True)
+    assert poison_group.dead == 1
+    assert poison_group.message == "order 4 try 2"
+    assert poison_group.last_seen_at == T0 + 2
+
+
+def test_repeating_errors_are_per_task_and_only_the_top_ones_are_listed() -> None:
+    """R8.4: one trace in two tasks is two groups; ``top`` keeps the most frequent; example job
+    ids are the most affected first and at most five."""
+    failures = [
+        attempt(
+            task=task,
+            job_id=job_id,
+            outcome=Outcome.RETRY,
+            error_type="OSError",
+            traceback=traceback_text(9),
+        )
+        for task, job_ids in (("a", [1, 1, 2, 3, 4, 5, 6]), ("b", [9, 9]))
+        for job_id in job_ids
+    ]
+    [top] = repeated_errors(failures, top=1)
+    assert (top.task, top.attempts, top.jobs) == ("a", 7, 6)
+    assert top.job_ids == (1, 2, 3, 4, 5)
+    assert [g.task for g in repeated_errors(failures)] == ["a", "b"]
+
+
+# -- R8.5 audit ---------------------------------------------------------------------------------
+
+
+def test_audit_of_nothing_is_all_zero() -> None:
+    """R8.5, "no data"."""
+    empty = audit([], [], {}, T0)
+    assert (empty.completed_jobs_with_key, empty.operations_completed) == (0, 0)
+    assert (empty.with_external_ref, empty.without_external_ref) == (0, 0)
+    assert empty.by_task == empty.missing_records == empty.stuck_processing == ()
+
+
+def test_audit_counts_external_references_and_lists_examples_only_for_mixed_tasks() -> None:
+    """R8.5: per task, how many completed operations left an external reference; a task where
+    some did and some did not names the ones that did not."""
+    jobs = [
+        job(id=1, task="email", operation_key="email:1"),
+        job(id=2, task="email", operation_key="email:2"),
+        job(id=3, task="email", operation_key="email:3"),
+        job(id=4, task="stock", operation_key="stock:1"),
+        job(id=5, task="plain", operation_key=None),
+    ]
+    operations = {
+        "email:1": operation("email:1", external_ref="msg-1"),
+        "email:2": operation("email:2", external_ref="msg-2"),
+        "email:3": operation("email:3"),
+        "stock:1": operation("stock:1"),
+    }
+
+    found = audit(jobs, jobs, operations, T0 + 10)
+
+    assert found.completed_jobs_with_key == 4
+    assert (found.operations_completed, found.with_external_ref, found.without_external_ref) == (
+        4,
+        2,
+        2,
+    )
+    email, stock = found.by_task
+    assert (email.task, email.completed, email.with_external_ref, email.without_external_ref) == (
+        "email",
+        3,
+        2,
+        1,
+    )
+    assert email.examples_without == ("email:3",)
+    assert (stock.task, stock.without_external_ref, stock.examples_without) == ("stock", 1, ())
+    assert found.missing_records == found.stuck_processing == ()
+
+
+def test_audit_lists_completed_jobs_whose_operation_record_is_missing_or_not_completed() -> None:
+    """R8.5, invariant 3: a completed job with an operation key must have a completed record."""
+    jobs = [
+        job(id=1, operation_key="gone"),
+        job(id=2, operation_key="half"),
+        job(id=3, operation_key="ok"),
+        job(id=4, operation_key="later", status=JobStatus.QUEUED),
+    ]
+    operations = {
+        "gone": None,
+        "half": operation("half", status=OperationStatus.FAILED),
+        "ok": operation("ok"),
+        "later": None,
+    }
+    assert audit(jobs, jobs, operations, T0 + 10).missing_records == (1, 2)
+
+
+def test_audit_lists_operations_stuck_in_processing_that_nothing_will_finish() -> None:
+    """R8.5: ``processing`` with no queued or running job for its key is stuck; a queued or
+    running job (of any task, outside the window too) will finish it; a claim newer than the
+    snapshot is not judged; failed records are not stuck."""
+    processing = {"status": OperationStatus.PROCESSING, "completed_at": None}
+    in_scope = [
+        job(id=1, operation_key="dead-end", status=JobStatus.DEAD),
+        job(id=2, operation_key="retrying", status=JobStatus.QUEUED),
+        job(id=3, operation_key="fresh", status=JobStatus.DEAD),
+        job(id=4, operation_key="failed", status=JobStatus.DEAD),
+        job(id=5, operation_key="elsewhere", status=JobStatus.DEAD),
+    ]
+    outside = [job(id=9, task="other", operation_key="elsewhere", status=JobStatus.RUNNING)]
+    operations = {
+        "dead-end": operation("dead-end", **processing),
+        "retrying": operation("retrying", **processing),
+        "fresh": operation("fresh", **{**processing, "updated_at": T0 + 50}),
+        "failed": operation("failed", status=OperationStatus.FAILED),
+        "elsewhere": operation("elsewhere", **processing),
+    }
+    found = audit(in_scope, [*in_scope, *outside], operations, now=T0 + 10)
+    assert found.stuck_processing == ("dead-end",)
+    assert found.operations_completed == 0
+
+
+# -- scope and the whole report -----------------------------------------------------------------
+
+
+def test_scope_keeps_the_task_and_what_was_active_in_the_window() -> None:
+    """``--task`` and ``--since-s``: attempts still running or ending inside the window count,
+    jobs created or finished inside it count, and queued or running jobs always do."""
+    assert attempt_in_scope(attempt(), task=None, since=None)
+    assert not attempt_in_scope(attempt(task="other"), task="sync", since=None)
+    assert attempt_in_scope(attempt(ended_at=T0 + 5), task="sync", since=T0 + 5)
+    assert not attempt_in_scope(attempt(ended_at=T0 + 4), task=None, since=T0 + 5)
+    assert attempt_in_scope(attempt(ended_at=None), task=None, since=T0 + 5)
+
+    snapshot = Snapshot(now=T0 + 100, attempts=(), task="sync", since=T0 + 50)
+    assert snapshot.job_in_scope(job(created_at=T0, finished_at=T0 + 60))
+    assert not snapshot.job_in_scope(job(created_at=T0, finished_at=T0 + 40))
+    assert snapshot.job_in_scope(job(status=JobStatus.QUEUED, finished_at=None))
+    assert not snapshot.job_in_scope(job(task="other", status=JobStatus.QUEUED))
+    snapshot = replace(snapshot, jobs={2: job(id=2), 1: job(id=1, task="other")})
+    assert [j.id for j in replace(snapshot, since=None).jobs_in_scope()] == [2]
+
+
+def test_diagnosis_of_an_empty_store_finds_nothing() -> None:
+    """R8.2-R8.5, "no data": every section empty, no problem, no warning."""
+    found = diagnose(Snapshot(now=T0, attempts=()))
+    assert isinstance(found, Diagnosis)
+    assert found.attempts == 0
+    assert found.overlaps == found.durations == found.retries == found.errors == ()
+    assert found.problems == found.warnings == []
+
+
+def test_only_overlaps_and_timeouts_below_the_longest_run_are_problems() -> None:
+    """``jobguard doctor`` exit code: overlaps and a timeout under the max duration are
+    problems; a timeout near p99, a retry spike, a poison candidate, a missing operation record
+    and a stuck operation are warnings."""
+    overlapping = [
+        attempt(
+            job_id=1, started_at=T0, ended_at=T0 + 1, duration_s=3.0, outcome=Outcome.LEASE_REFUSED
+        ),
+        attempt(job_id=1, worker_id="w2", attempt=2, started_at=T0 + 1, ended_at=T0 + 2),
+    ]
+    failing = [
+        attempt(
+            task="flaky",
+            job_id=2,
+            operation_key="flaky:2",
+            started_at=T0 + n,
+            ended_at=T0 + n + 0.1,
+            duration_s=0.1,
+            outcome=Outcome.RETRY,
+            error_type="OSError",
+            traceback=traceback_text(3),
+        )
+        for n in range(5)
+    ]
+    jobs = {
+        1: job(id=1, visibility_timeout_s=2.0),
+        2: job(id=2, task="flaky", operation_key="flaky:2", status=JobStatus.DEAD),
+        3: job(id=3, task="flaky", operation_key="flaky:3"),
+    }
+    operations = {
+        "op:1": operation("op:1"),
+        "flaky:2": operation("flaky:2", status=OperationStatus.PROCESSING),
+        "flaky:3": None,
+    }
+    snapshot = Snapshot(
+        now=T0 + 100, attempts=(*overlapping, *failing), jobs=jobs, operations=operations
+    )
+
+    found = diagnose(snapshot)
+
+    assert len(found.overlaps) == 1
+    assert len(found.problems) == 2
+    assert found.problems[0].startswith(f"operation op:1: attempts {overlapping[0].id} and")
+    assert found.problems[0].endswith("overlapped for 1.00 s")
+    assert found.problems[1].startswith("task sync: visibility_timeout_s=2 is below the longest")
+    warnings = "\n".join(found.warnings)
+    assert "task flaky: visibility_timeout_s=30 is less than" not in warnings
+    assert "task flaky: retry spike, 100% of the last 5 runs were retried" in warnings
+    assert "task flaky: poison candidate OSError at erp.py:3 in fetch (5 times on one job)" in (
+        warnings
+    )
+    assert "job 3: completed with an operation key but no completed operation record" in warnings
+    assert "operation flaky:2: stuck in processing with no queued or running job" in warnings
