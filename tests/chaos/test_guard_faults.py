@@ -14,9 +14,7 @@ import itertools
 import json
 import random
 import signal
-import sqlite3
 import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -115,41 +113,12 @@ class Shop:
         milliseconds; a process stopped inside that transaction would stall every writer of the
         file for the busy timeout, which is a different fault from the one under test.
         """
-        while True:
-            proc.signal(signal.SIGSTOP)
-            wait_until(lambda: all_threads_stopped(proc.pid), timeout_s=10, interval_s=0.001)
-            if self._write_lock_free():
-                return
-            proc.signal(signal.SIGCONT)
-            time.sleep(0.005)
-
-    def _write_lock_free(self) -> bool:
-        conn = sqlite3.connect(self.db_path, timeout=0.05, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            return True
-        except sqlite3.OperationalError:
-            return False
-        finally:
-            conn.close()
+        proc.pause_between_writes(self.db_path)
 
     def resume(self, proc: WorkerProcess) -> None:
         """Let a paused handler go on, then wake its process."""
         (events_dir(self.db_path) / "resume").touch()
         proc.signal(signal.SIGCONT)
-
-
-def all_threads_stopped(pid: int) -> bool:
-    """Whether every thread of ``pid`` has entered the SIGSTOP group stop (Linux ``/proc``)."""
-    states = []
-    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-        try:
-            # The state follows the parenthesised command name, which may contain spaces.
-            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
-        except (FileNotFoundError, IndexError):
-            continue
-    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 @pytest.fixture

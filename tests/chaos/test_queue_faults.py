@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -68,42 +67,6 @@ def events_of(db_path: Path, job_id: int, kind: str | None = None) -> list[Event
 def status_of(app: App, job_id: int) -> JobStatus:
     """The job's current state in the store."""
     return app.get_job(job_id).status
-
-
-def store_is_writable(db_path: Path, timeout_s: float) -> bool:
-    """Whether a write transaction can start on the store within ``timeout_s``."""
-    conn = sqlite3.connect(db_path, timeout=timeout_s, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        conn.close()
-
-
-def is_stopped(pid: int) -> bool:
-    """Whether the kernel reports the process as stopped (state ``T``)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "T"
-
-
-def pause_between_writes(proc: WorkerProcess, db_path: Path) -> None:
-    """SIGSTOP a worker at a moment it holds no write lock on the store.
-
-    SQLite locks the whole file for a write, so a process frozen inside a write transaction (a
-    heartbeat, say) would block every other worker as well; the scenario under test is a worker
-    paused while its job runs, so the pause is retaken until it falls between two writes.
-    """
-    for _ in range(100):
-        proc.signal(signal.SIGSTOP)
-        wait_until(lambda: is_stopped(proc.pid), timeout_s=5)
-        if store_is_writable(db_path, timeout_s=0.5):
-            return
-        proc.signal(signal.SIGCONT)
-        time.sleep(0.01)
-    raise AssertionError("the worker was inside a write transaction at every pause")
 
 
 def test_sigkilled_worker_job_is_redelivered_after_its_lease_expires_and_nothing_is_lost(
@@ -208,7 +171,7 @@ def test_sigstopped_worker_loses_its_job_and_its_late_finish_is_refused(
         wait_until(lambda: bool(events_of(db_path, job.id, "start")))
         first = events_of(db_path, job.id, "start")[0]
         paused = procs[0] if procs[0].pid == first.pid else procs[1]
-        pause_between_writes(paused, db_path)
+        paused.pause_between_writes(db_path)
         # While the first worker is frozen, its lease runs out and the other one finishes the job.
         wait_until(lambda: status_of(qapp, job.id) == JobStatus.COMPLETED)
         while_paused = qapp.attempts(job_id=job.id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -50,6 +51,23 @@ class WorkerProcess:
         """What the process printed (after it exited)."""
         assert self.popen.stdout is not None
         return self.popen.stdout.read()
+
+    def pause_between_writes(self, db_path: str | Path) -> None:
+        """SIGSTOP the worker at a moment it holds no write lock on the SQLite store.
+
+        SQLite locks the whole file for a write, so a process frozen inside a write transaction
+        (a heartbeat, say) would block every other worker for the busy timeout: a different
+        fault from "a worker paused while its job runs". The pause is retaken until it falls
+        between two writes.
+        """
+        for _ in range(200):
+            self.signal(signal.SIGSTOP)
+            wait_until(lambda: all_threads_stopped(self.pid), timeout_s=10, interval_s=0.001)
+            if store_is_writable(db_path):
+                return
+            self.signal(signal.SIGCONT)
+            time.sleep(0.005)
+        raise AssertionError("the worker was inside a write transaction at every pause")
 
     def kill(self) -> None:
         """SIGKILL (after SIGCONT, in case it is stopped), reap, and close the output pipe.
@@ -136,3 +154,28 @@ def wait_until(
             return
         time.sleep(interval_s)
     raise TimeoutError(f"condition not met within {timeout_s}s")
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` has entered the SIGSTOP group stop (Linux ``/proc``)."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            # The state follows the parenthesised command name, which may contain spaces.
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, IndexError):
+            continue
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def store_is_writable(db_path: str | Path, timeout_s: float = 0.05) -> bool:
+    """Whether a write transaction can start on the SQLite store within ``timeout_s``."""
+    conn = sqlite3.connect(db_path, timeout=timeout_s, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        conn.close()
