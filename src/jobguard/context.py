@@ -30,6 +30,7 @@ class InFlight:
         self.lost = threading.Event()
         self.lost_reason = ""
         self.started = False
+        self.finishing = False  # handler done; its finish waits in the worker's ack batch
         self.begun: Begun | None = None
         self.context: Context | None = None
 

@@ -20,14 +20,14 @@ import random
 import secrets
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from jobguard.backends.base import Backend, BeginRequest, Closing, ErrorInfo
+from jobguard.backends.base import Backend, BeginRequest, Closing, ErrorInfo, FinishRequest
 from jobguard.context import Context, InFlight
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
-from jobguard.exceptions import GuardLost, LeaseLostError, StaleFenceError
+from jobguard.exceptions import Fatal, GuardLost, LeaseLostError, StaleFenceError
 from jobguard.models import Delivery, Guard, OperationStatus, Outcome
 
 if TYPE_CHECKING:
@@ -37,10 +37,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """How the pipeline ended one delivery (for hooks, stats and tests)."""
+    """How the pipeline ended one delivery (for hooks, stats and tests).
+
+    ``ack`` is set when the delivery succeeded and its finish is still to be written: the worker
+    collects these and writes them in batches (:meth:`Pipeline.complete`). Until then the job is
+    not done — its lease is still held and renewed.
+    """
 
     outcome: Outcome
     reason: str = ""
+    ack: FinishRequest | None = None
 
 
 def guard_of(delivery: Delivery) -> Guard:
@@ -68,14 +74,47 @@ class Pipeline:
         self.rng = rng or random.Random()
 
     def run(self, inflight: InFlight) -> Settled:
-        """Take the delivery to a settled state (or leave it to its new owner if stale)."""
+        """Run the delivery up to its finish, which is returned as ``Settled.ack`` (not written).
+
+        Failures, deferrals and refusals are written here; a success is written by
+        :meth:`complete`, so that a worker can ack many jobs in one durable commit.
+        """
         started = time.monotonic()
         try:
             settled = self._run(inflight, started)
         except GuardLost as exc:
-            settled = self._refused(inflight, exc, started)
-        self.hooks.delivery_settled(inflight.delivery, settled.outcome, time.monotonic() - started)
+            settled = self._refused(inflight, exc, self._closing(started, inflight.context))
+        if settled.ack is None:
+            self.hooks.delivery_settled(
+                inflight.delivery, settled.outcome, time.monotonic() - started
+            )
         return settled
+
+    def complete(self, batch: Sequence[tuple[InFlight, Settled]]) -> list[Settled]:
+        """Write the finishes of successful deliveries in one store call (batched acks).
+
+        A finish the store refuses (stale lease or fence) is recorded as a refusal: the stale
+        worker never acks.
+        """
+        acks = [settled.ack for _, settled in batch if settled.ack is not None]
+        if len(acks) != len(batch):
+            raise ValueError("complete() takes only deliveries whose finish is pending")
+        refusals = self.backend.finish_many(acks)
+        results: list[Settled] = []
+        for (inflight, settled), refusal, ack in zip(batch, refusals, acks, strict=True):
+            final = (
+                Settled(settled.outcome, settled.reason)
+                if refusal is None
+                else self._refused(inflight, refusal, ack.closing)
+            )
+            self.hooks.delivery_settled(inflight.delivery, final.outcome, ack.closing.duration_s)
+            results.append(final)
+        return results
+
+    def run_to_end(self, inflight: InFlight) -> Settled:
+        """:meth:`run`, then :meth:`complete` if it succeeded (one delivery, no batching)."""
+        settled = self.run(inflight)
+        return self.complete([(inflight, settled)])[0] if settled.ack is not None else settled
 
     def begin_request(self, delivery: Delivery, task: Task) -> BeginRequest | None:
         """What must hold before the handler runs: a lock, an operation claim, or nothing."""
@@ -158,13 +197,24 @@ class Pipeline:
                 inflight.lock_ttl_s = request.lock_ttl_s
             operation = begun.operation
             if operation is not None and operation.status == OperationStatus.COMPLETED:
-                self.backend.finish(
+                ack = FinishRequest(
                     inflight.guard, self._closing(started), outcome=Outcome.ALREADY_PROCESSED
                 )
-                return Settled(Outcome.ALREADY_PROCESSED, "already processed")
+                return Settled(Outcome.ALREADY_PROCESSED, "already processed", ack=ack)
             if operation is not None:
                 stored_steps = operation.steps
 
+        return self._execute(inflight, task, arguments, stored_steps, started)
+
+    def _execute(
+        self,
+        inflight: InFlight,
+        task: Task,
+        arguments: dict[str, Any],
+        stored_steps: dict[str, Any],
+        started: float,
+    ) -> Settled:
+        """Run the handler with its context; return the pending finish or the failure."""
         ctx = Context(
             backend=self.backend,
             inflight=inflight,
@@ -175,19 +225,24 @@ class Pipeline:
         inflight.context = ctx
         try:
             value = task.fn(ctx, **arguments)
-            result_json = json.dumps(value) if value is not None else None
         except GuardLost:
             raise
         except Exception as exc:
             return self._failed(inflight, task, ctx, exc, started)
-        self.backend.finish(
+        try:
+            result_json = json.dumps(value) if value is not None else None
+        except (TypeError, ValueError) as exc:
+            # A programming error that every rerun repeats: never retry it (its steps are kept).
+            unjsonable = Fatal(f"the handler returned a value that is not JSON: {exc}")
+            return self._failed(inflight, task, ctx, unjsonable, started)
+        ack = FinishRequest(
             inflight.guard,
             self._closing(started, ctx),
-            operation_key=delivery.operation_key,
+            operation_key=inflight.delivery.operation_key,
             result_json=result_json,
             external_ref=ctx.external_ref,
         )
-        return Settled(Outcome.COMPLETED)
+        return Settled(Outcome.COMPLETED, ack=ack)
 
     def _defer(self, inflight: InFlight, task: Task, started: float, reason: str) -> Settled:
         delivery = inflight.delivery
@@ -241,9 +296,8 @@ class Pipeline:
         )
         return Settled(Outcome.DEAD, decision.reason)
 
-    def _refused(self, inflight: InFlight, exc: GuardLost, started: float) -> Settled:
+    def _refused(self, inflight: InFlight, exc: GuardLost, closing: Closing) -> Settled:
         """A write was refused: this delivery is stale. Record it; never ack."""
-        closing = self._closing(started, inflight.context)
         if isinstance(exc, StaleFenceError):
             # The lease may still be ours (only the lock was lost): hand the job back uncharged
             # so it runs again under a fresh lock; the stale work is discarded.

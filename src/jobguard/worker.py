@@ -28,7 +28,7 @@ from jobguard.context import InFlight
 from jobguard.exceptions import ConfigurationError, JobGuardError
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Delivery, Outcome
-from jobguard.pipeline import Pipeline, guard_of
+from jobguard.pipeline import Pipeline, Settled, guard_of
 from jobguard.task import check_queue_name
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobguard.worker")
 
 _STOP = object()
+ACK_BATCH_MAX = 512
 
 
 @dataclass
@@ -104,6 +105,10 @@ class Worker:
         self._inflight_lock = threading.Lock()
         self._slot_freed = threading.Condition(self._inflight_lock)
         self._buffer: queue_module.Queue[InFlight | object] = queue_module.Queue()
+        # Successful deliveries whose finish is still to be written, acked in batches.
+        self._acks: queue_module.Queue[tuple[InFlight, Settled] | object] = queue_module.Queue()
+        self._finishing = 0
+        self._acker = threading.Thread(target=self._ack_loop, name="jobguard-acker", daemon=True)
         self._stopping = threading.Event()
         self._pipeline = Pipeline(app.backend, app.tasks, self.worker_id, app.hooks)
         self._heartbeat = Heartbeat(app.backend, self._snapshot, app.hooks)
@@ -125,6 +130,7 @@ class Worker:
         ]
         for thread in threads:
             thread.start()
+        self._acker.start()
         if self.use_heartbeat:
             self._heartbeat.start()
         self.app.hooks.worker_started(self.worker_id, self.queues)
@@ -143,11 +149,12 @@ class Worker:
         while not self._stopping.is_set():
             with self._slot_freed:
                 # Refill when the buffer ran below one batch of work, so fetches stay batched.
-                while len(self._inflight) > limit - max(
+                # Deliveries waiting only for their batched ack hold no handler thread.
+                while len(self._inflight) - self._finishing > limit - max(
                     1, self.prefetch, self.concurrency // 2
                 ) and not (self._stopping.is_set()):
                     self._slot_freed.wait(self.poll_interval_s)
-                room = limit - len(self._inflight)
+                room = limit - (len(self._inflight) - self._finishing)
             if self._stopping.is_set():
                 return
             try:
@@ -203,19 +210,65 @@ class Worker:
             item.started = True
             try:
                 settled = self._pipeline.run(item)
-                self.stats.count(settled.outcome)
             except JobGuardError as exc:
                 # The store failed mid-delivery: the lease expires and the job is redelivered.
                 self.app.hooks.store_error("pipeline", exc)
                 log.warning(
                     "job %s: store error, leaving it to its lease: %s", item.delivery.job_id, exc
                 )
+                self._done(item)
+                continue
             except Exception:
                 log.exception("job %s: unexpected error in the pipeline", item.delivery.job_id)
-            self._done(item)
+                self._done(item)
+                continue
+            if settled.ack is None:
+                self.stats.count(settled.outcome)
+                self._done(item)
+                continue
+            with self._slot_freed:
+                item.finishing = True
+                self._finishing += 1
+                self._slot_freed.notify_all()
+            self._acks.put((item, settled))
+
+    def _ack_loop(self) -> None:
+        """Write pending finishes in batches: one durable commit acks many jobs."""
+        stopping = False
+        while not stopping:
+            first = self._acks.get()
+            if first is _STOP:
+                return
+            batch = [first]
+            while len(batch) < ACK_BATCH_MAX:
+                try:
+                    following = self._acks.get_nowait()
+                except queue_module.Empty:
+                    break
+                if following is _STOP:
+                    stopping = True
+                    break
+                batch.append(following)
+            pending = [entry for entry in batch if isinstance(entry, tuple)]
+            try:
+                for final in self._pipeline.complete(pending):
+                    self.stats.count(final.outcome)
+            except JobGuardError as exc:
+                # Not acked: the leases expire and the jobs are redelivered (at least once).
+                self.app.hooks.store_error("ack", exc)
+                log.warning(
+                    "could not ack %d jobs, leaving them to their leases: %s", len(pending), exc
+                )
+            except Exception:
+                log.exception("unexpected error while acking %d jobs", len(pending))
+            for item, _ in pending:
+                self._done(item)
 
     def _done(self, item: InFlight) -> None:
         with self._slot_freed:
+            if item.finishing:
+                item.finishing = False
+                self._finishing -= 1
             if not (self._stopping.is_set() and not item.started):
                 self._inflight.pop(item.delivery.lease_token, None)
             self._slot_freed.notify_all()
@@ -234,6 +287,11 @@ class Worker:
                 if not running or time.monotonic() >= deadline:
                     break
                 self._slot_freed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+        # Write the acks of work already done before handing anything back: a released job
+        # would run again.
+        self._acks.put(_STOP)
+        self._acker.join(timeout=max(5.0, self.grace_s))
+        with self._slot_freed:
             leftovers = list(self._inflight.values())
             self._inflight.clear()
         self._heartbeat.stop()

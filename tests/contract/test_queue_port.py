@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobguard.backends.base import Backend, Closing, ErrorInfo, Renewal
+from jobguard.backends.base import Backend, Closing, ErrorInfo, FinishRequest, Renewal
 from jobguard.exceptions import JobGuardError, LeaseLostError, NotFoundError
 from jobguard.models import Delivery, Guard, Job, JobSpec, JobStatus, Outcome
 from jobguard.testing import ControlledClock
@@ -587,3 +587,38 @@ def test_now_is_the_store_clock_that_leases_expire_on(
     clock.advance(3.0)
     assert backend.now() == clock()
     assert lease.lease_expires_at == backend.now() + 4.0
+
+
+# -- batched acks ------------------------------------------------------------------------------
+
+
+def test_finish_many_acks_current_deliveries_and_refuses_stale_ones_without_writing_them(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """One commit acks a batch (the worker's throughput lever); a stale delivery inside it is
+    refused on its own and changes nothing, while the others are acked (R1.2, invariant 2)."""
+    first = backend.enqueue(make_spec(payload='{"n":1}'))
+    second = backend.enqueue(make_spec(payload='{"n":2}', visibility_timeout_s=5.0))
+    third = backend.enqueue(make_spec(payload='{"n":3}'))
+    deliveries = {d.job_id: d for d in backend.fetch(["default"], 3, "w1")}
+    clock.advance(6)  # only the second job's 5 s lease expires...
+    stale = deliveries[second.id]
+    redelivered = fetch_one(backend, worker="w2")  # ...and another worker takes it over
+    assert redelivered.job_id == second.id
+    before = snapshot(backend, second.id)
+
+    refusals = backend.finish_many(
+        [
+            FinishRequest(guard_of(deliveries[first.id]), CLOSING),
+            FinishRequest(guard_of(stale), CLOSING),
+            FinishRequest(guard_of(deliveries[third.id]), CLOSING, outcome=Outcome.COMPLETED),
+        ]
+    )
+
+    assert refusals[0] is None
+    assert isinstance(refusals[1], LeaseLostError)
+    assert refusals[2] is None
+    assert backend.get_job(first.id).status == JobStatus.COMPLETED
+    assert backend.get_job(third.id).status == JobStatus.COMPLETED
+    assert snapshot(backend, second.id) == before
+    assert backend.finish_many([]) == []

@@ -169,3 +169,26 @@ def test_fatal_error_goes_to_the_dlq_at_once_and_replay_reruns_it_with_the_same_
     assert operation is not None
     assert operation.status == OperationStatus.COMPLETED
     assert operation.result == "charged 42"
+
+
+def test_a_handler_returning_non_json_is_buried_at_once_and_its_steps_are_kept(app: App) -> None:
+    """A result that cannot be stored is a bug every rerun repeats: fatal, one attempt, a clear
+    reason; the step it completed stays recorded so a replay after the fix does not redo it."""
+    calls: list[int] = []
+
+    @app.task(operation_key="report:{n}", max_attempts=5, backoff_base_s=0.01)
+    def build_report(ctx: Context, n: int) -> object:
+        ctx.step("render", lambda: calls.append(n) or n)
+        return {1, 2, 3}  # a set is not JSON
+
+    job = build_report.enqueue(n=7)
+    drain(app, timeout_s=10)
+
+    dead = app.dlq.show(job.id)
+    assert "not JSON" in dead.reason
+    assert [a.outcome for a in dead.attempts] == [Outcome.DEAD]
+    operation = app.operation("report:7")
+    assert operation is not None
+    assert operation.status == OperationStatus.FAILED
+    assert operation.steps == {"render": 7}
+    assert calls == [7]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from jobguard.exceptions import GuardLost
 from jobguard.models import (
     Attempt,
     Delivery,
@@ -51,6 +52,18 @@ class Closing:
     duration_s: float
     steps_run: int = 0
     steps_skipped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRequest:
+    """Everything :meth:`QueuePort.finish` writes for one delivery (batched by the worker)."""
+
+    guard: Guard
+    closing: Closing
+    outcome: Outcome = Outcome.COMPLETED
+    operation_key: str | None = None
+    result_json: str | None = None
+    external_ref: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +145,13 @@ class QueuePort(Protocol):
         """Ack the job: operation completed + job completed + attempt closed + lock released.
 
         Atomic: one transaction. Refused (nothing written) for a stale lease or fence.
+        """
+
+    def finish_many(self, requests: Sequence[FinishRequest]) -> list[GuardLost | None]:
+        """:meth:`finish` for many deliveries; the refusal of each, or ``None`` if it was acked.
+
+        Atomic per request (a refused one writes nothing); all in one transaction where the store
+        allows, so a worker acks a batch of jobs for the price of one durable commit.
         """
 
     def retry(

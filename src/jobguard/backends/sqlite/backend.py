@@ -20,6 +20,7 @@ from jobguard.backends.base import (
     Begun,
     Closing,
     ErrorInfo,
+    FinishRequest,
     Renewal,
     RenewalResult,
 )
@@ -32,6 +33,7 @@ from jobguard.backends.sqlite.connection import (
     open_connection,
 )
 from jobguard.exceptions import (
+    GuardLost,
     LeaseLostError,
     NotFoundError,
     StaleFenceError,
@@ -319,6 +321,30 @@ class SQLiteBackend:
 
         return self._write(op)
 
+    def _finish_one(self, conn: sqlite3.Connection, request: FinishRequest, now: float) -> None:
+        guard = request.guard
+        params = {"job_id": guard.job_id, "lease_token": guard.lease_token, "now": now}
+        self._transition(conn, "finish_job", params)
+        self._check_fence(conn, guard)
+        if request.operation_key is not None and request.outcome == Outcome.COMPLETED:
+            completed = conn.execute(
+                Q["complete_operation"],
+                {
+                    "key": request.operation_key,
+                    "owner_lease": guard.lease_token,
+                    "result": request.result_json,
+                    "external_ref": request.external_ref,
+                    "fence": guard.lock.fence if guard.lock else None,
+                    "now": now,
+                },
+            ).rowcount
+            if completed != 1:
+                raise LeaseLostError(
+                    f"operation {request.operation_key!r}: claim lost; not completed"
+                )
+        self._close_attempt(conn, guard, request.closing, request.outcome, None, now)
+        self._drop_lock(conn, guard)
+
     def finish(
         self,
         guard: Guard,
@@ -330,30 +356,27 @@ class SQLiteBackend:
         external_ref: str | None = None,
     ) -> None:
         """Operation completed + job acked + attempt closed + lock released, one transaction."""
+        request = FinishRequest(guard, closing, outcome, operation_key, result_json, external_ref)
+        self._write(lambda conn: self._finish_one(conn, request, self._clock()))
 
-        def op(conn: sqlite3.Connection) -> None:
+    def finish_many(self, requests: Sequence[FinishRequest]) -> list[GuardLost | None]:
+        """:meth:`finish` for many deliveries in one transaction, each all-or-nothing."""
+
+        def op(conn: sqlite3.Connection) -> list[GuardLost | None]:
             now = self._clock()
-            params = {"job_id": guard.job_id, "lease_token": guard.lease_token, "now": now}
-            self._transition(conn, "finish_job", params)
-            self._check_fence(conn, guard)
-            if operation_key is not None and outcome == Outcome.COMPLETED:
-                completed = conn.execute(
-                    Q["complete_operation"],
-                    {
-                        "key": operation_key,
-                        "owner_lease": guard.lease_token,
-                        "result": result_json,
-                        "external_ref": external_ref,
-                        "fence": guard.lock.fence if guard.lock else None,
-                        "now": now,
-                    },
-                ).rowcount
-                if completed != 1:
-                    raise LeaseLostError(f"operation {operation_key!r}: claim lost; not completed")
-            self._close_attempt(conn, guard, closing, outcome, None, now)
-            self._drop_lock(conn, guard)
+            refused: list[GuardLost | None] = []
+            for request in requests:
+                conn.execute("SAVEPOINT finish_one")
+                try:
+                    self._finish_one(conn, request, now)
+                    refused.append(None)
+                except GuardLost as exc:
+                    conn.execute("ROLLBACK TO finish_one")
+                    refused.append(exc)
+                conn.execute("RELEASE finish_one")
+            return refused
 
-        self._write(op)
+        return self._write(op)
 
     def _settle(
         self,
