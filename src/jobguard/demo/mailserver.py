@@ -154,10 +154,18 @@ class _MailHandler(BaseHTTPRequestHandler):
             self._reply(404, {"error": "not found"})
             return
         length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        if len(body) < length:
+            # The client went away mid-request (a killed worker): nothing was asked for.
+            self.close_connection = True
+            return
         try:
-            message = json.loads(self.rfile.read(length) or b"{}")
+            message = json.loads(body)
         except ValueError:
             self._reply(400, {"error": "body is not JSON"})
+            return
+        if not isinstance(message, dict) or not message.get("to"):
+            self._reply(400, {"error": "a message needs a recipient ('to')"})
             return
         fault, message_id, replayed = self.service._accept(
             self.headers.get("Idempotency-Key"), message
