@@ -16,6 +16,7 @@ its first delivery) is reported as p50/p99. The guard's cost is printed as a rat
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import signal
@@ -26,6 +27,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+
+from jobguard.diagnostics.durations import percentile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUEUE_OF = {"plain": "plain", "guarded": "guarded"}
@@ -77,27 +81,23 @@ def start_workers(
     ]
 
 
-def open_app(db: Path):  # type: ignore[no-untyped-def]
+def open_app(db: Path) -> ModuleType:
     """Import the bench app against ``db`` (fresh module state per call)."""
     os.environ["JOBGUARD_BENCH_DB"] = str(db)
-    import importlib
-
-    import bench.apps
+    import bench.apps  # here, not at the top: the app opens the store named in the environment
 
     return importlib.reload(bench.apps)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    index = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered)) - 1))
-    return ordered[index]
-
-
 def drain(
     mode: str, jobs: int, workers: int, concurrency: int, folder: Path
-) -> tuple[float, float]:
-    """Prefill ``jobs`` jobs, drain them; return (seconds, jobs/s) from the attempt log."""
+) -> tuple[float, float, float]:
+    """Prefill ``jobs`` jobs and drain them.
+
+    Returns:
+        The drain span in seconds and jobs/s (first delivery to last finish, from the attempt
+        log), and the wall time in seconds including worker process start-up.
+    """
     db = folder / f"drain-{mode}.db"
     module = open_app(db)
     task = getattr(module, TASK_OF[mode])
@@ -157,6 +157,7 @@ def latency(
     for proc in procs:
         proc.wait()
     module.app.close()
+    delays.sort()
     return percentile(delays, 50), percentile(delays, 99)
 
 
@@ -168,9 +169,7 @@ def huey_drain(jobs: int, workers: int, concurrency: int, folder: Path) -> tuple
     """
     db = folder / "huey.db"
     os.environ["JOBGUARD_BENCH_DB"] = str(db)
-    import importlib
-
-    import bench.huey_app
+    import bench.huey_app  # here, not at the top: the module opens the file named above
 
     module = importlib.reload(bench.huey_app)
     for n in range(jobs):

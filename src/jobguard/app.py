@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any, overload
 from jobguard.backends import DEFAULT_URL, open_backend
 from jobguard.backends.base import Backend
 from jobguard.core.retry import RetryPolicy
-from jobguard.exceptions import ConfigurationError, LockBusyError, UnknownTaskError
+from jobguard.exceptions import (
+    ConfigurationError,
+    JobGuardError,
+    LockBusyError,
+    NotFoundError,
+    UnknownTaskError,
+)
 from jobguard.hooks import Hooks
 from jobguard.models import Attempt, DeadJob, Job, JobStatus, LockGrant, Operation
 from jobguard.task import CallOptions, Task, check_queue_name
@@ -38,8 +44,6 @@ class DeadLetterQueue:
         """One dead job with its reason and every attempt's metadata."""
         job = self._app.backend.get_job(job_id)
         if job.status != JobStatus.DEAD:
-            from jobguard.exceptions import NotFoundError
-
             raise NotFoundError(f"job {job_id} is {job.status}, not in the dead letter queue")
         return DeadJob(
             job=job,
@@ -288,7 +292,9 @@ class App:
         """Hold the resource lock for a block of code outside jobs (R3).
 
         Raises :class:`~jobguard.exceptions.LockBusyError` if another live owner holds it. While
-        held, a background thread renews it every ``ttl_s / 3`` (unless ``renew=False``).
+        held, a background thread renews it every ``ttl_s / 3`` (unless ``renew=False``); a
+        renewal the store fails is reported to :meth:`~jobguard.hooks.Hooks.store_error` and
+        tried again.
         The grant's ``fence`` is strictly larger than any fence issued before for ``resource``.
         """
         if ttl_s <= 0:
@@ -303,8 +309,12 @@ class App:
 
             def keep_alive() -> None:
                 while not stop.wait(ttl_s / 3):
-                    if not self.backend.renew_lock(grant, ttl_s):
-                        return
+                    try:
+                        if not self.backend.renew_lock(grant, ttl_s):
+                            return  # taken over: the fence now refuses this holder's writes
+                    except JobGuardError as exc:
+                        # As the heartbeat does: a store hiccup must not end renewal for good.
+                        self.hooks.store_error("lock renew", exc)
 
             renewer = threading.Thread(target=keep_alive, name="jobguard-lock-renew", daemon=True)
             renewer.start()

@@ -29,7 +29,7 @@ class InFlight:
         self.lock_ttl_s = lock_ttl_s
         self.lost = threading.Event()
         self.lost_reason = ""
-        self.started = False
+        self.started = False  # taken by a handler thread: shutdown waits for it, not releases it
         self.finishing = False  # handler done; its finish waits in the worker's ack batch
         self.begun: Begun | None = None
         self.context: Context | None = None

@@ -7,6 +7,7 @@
         ─► operation record ── completed ─► ack "already processed"
         ─► handler(ctx)  (steps memoised, db_step effects in the step's transaction)
         ─► finish: operation completed + job acked + attempt closed + lock released, atomically
+           (returned pending as ``Settled.ack``; the worker writes many in one commit: complete())
         ─► on error: classify ─► transient: retry with backoff │ fatal/spent/poison: bury
     A write refused for a stale lease or fence is recorded on this delivery's attempt and the
     job is left to its current owner: the stale worker never acks.
@@ -24,7 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from jobguard.backends.base import Backend, BeginRequest, Closing, ErrorInfo, FinishRequest
+from jobguard.backends.base import (
+    Backend,
+    BeginRequest,
+    Begun,
+    Closing,
+    ErrorInfo,
+    FinishRequest,
+)
 from jobguard.context import Context, InFlight
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
 from jobguard.exceptions import Fatal, GuardLost, LeaseLostError, StaleFenceError
@@ -54,6 +62,13 @@ def guard_of(delivery: Delivery) -> Guard:
     return Guard(
         job_id=delivery.job_id, lease_token=delivery.lease_token, attempt_id=delivery.attempt_id
     )
+
+
+def _hold(inflight: InFlight, begun: Begun, request: BeginRequest) -> None:
+    """Carry a lock grant on the delivery, so later writes prove its fence and it is renewed."""
+    if begun.grant is not None:
+        inflight.guard = replace(inflight.guard, lock=begun.grant)
+        inflight.lock_ttl_s = request.lock_ttl_s
 
 
 class Pipeline:
@@ -111,11 +126,6 @@ class Pipeline:
             results.append(final)
         return results
 
-    def run_to_end(self, inflight: InFlight) -> Settled:
-        """:meth:`run`, then :meth:`complete` if it succeeded (one delivery, no batching)."""
-        settled = self.run(inflight)
-        return self.complete([(inflight, settled)])[0] if settled.ack is not None else settled
-
     def begin_request(self, delivery: Delivery, task: Task) -> BeginRequest | None:
         """What must hold before the handler runs: a lock, an operation claim, or nothing."""
         if delivery.resource_key is None and delivery.operation_key is None:
@@ -147,9 +157,7 @@ class Pipeline:
             if begun is None:
                 continue
             inflight.begun = begun
-            if begun.grant is not None:
-                inflight.guard = replace(inflight.guard, lock=begun.grant)
-                inflight.lock_ttl_s = request.lock_ttl_s
+            _hold(inflight, begun, request)
 
     def _closing(self, started: float, ctx: Context | None = None) -> Closing:
         duration = time.monotonic() - started
@@ -192,9 +200,7 @@ class Pipeline:
             begun = inflight.begun or self.backend.begin(inflight.guard, request)
             if begun.busy is not None:
                 return self._defer(inflight, task, started, begun.busy)
-            if begun.grant is not None:
-                inflight.guard = replace(inflight.guard, lock=begun.grant)
-                inflight.lock_ttl_s = request.lock_ttl_s
+            _hold(inflight, begun, request)
             operation = begun.operation
             if operation is not None and operation.status == OperationStatus.COMPLETED:
                 ack = FinishRequest(
@@ -221,7 +227,6 @@ class Pipeline:
             worker_id=self.worker_id,
             stored_steps=stored_steps,
         )
-        inflight.started = True
         inflight.context = ctx
         try:
             value = task.fn(ctx, **arguments)

@@ -43,6 +43,17 @@ def encode_payload(arguments: Mapping[str, Any], max_bytes: int) -> str:
     return text
 
 
+def _key(
+    what: str, literal: str | None, template: str | None, kwargs: Mapping[str, Any]
+) -> str | None:
+    """A per-call literal key wins over the task's template; neither means no key."""
+    if literal is not None:
+        return check_key(literal, what)
+    if template:
+        return render_key(template, kwargs)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class CallOptions:
     """Per-call enqueue options; see :meth:`Task.options`."""
@@ -104,7 +115,7 @@ class Task:
             raise ConfigurationError(
                 f"task {name!r}: the handler must take ctx as its first argument"
             )
-        self._argument_names = set(params[1:])
+        argument_names = set(params[1:])
         accepts_any = any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in self.signature.parameters.values()
         )
@@ -112,7 +123,7 @@ class Task:
             if template is None:
                 continue
             for field in template_fields(template):
-                if field not in self._argument_names and not accepts_any:
+                if field not in argument_names and not accepts_any:
                     raise ConfigurationError(
                         f"task {name!r}: key template {template!r} names {field!r}, "
                         "which is not an argument of the handler"
@@ -183,20 +194,8 @@ class Task:
         payload = encode_payload(kwargs, self.app.max_payload_bytes)
         if options.delay_s < 0:
             raise ConfigurationError("delay_s must be >= 0")
-        operation_key = (
-            check_key(options.operation_key, "operation_key")
-            if options.operation_key is not None
-            else render_key(self.operation_key, kwargs)
-            if self.operation_key
-            else None
-        )
-        resource_key = (
-            check_key(options.resource_key, "resource_key")
-            if options.resource_key is not None
-            else render_key(self.resource_key, kwargs)
-            if self.resource_key
-            else None
-        )
+        operation_key = _key("operation_key", options.operation_key, self.operation_key, kwargs)
+        resource_key = _key("resource_key", options.resource_key, self.resource_key, kwargs)
         dedup_key = (
             check_key(options.dedup_key, "dedup_key") if options.dedup_key is not None else None
         )

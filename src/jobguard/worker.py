@@ -1,8 +1,9 @@
 """The worker: fetch with leases, run deliveries on threads, heartbeat, shut down gracefully.
 
 One fetch thread (the caller of :meth:`Worker.run`) keeps a small local buffer of leased jobs
-(``concurrency + prefetch``), ``concurrency`` handler threads run them through the pipeline, and
-the heartbeat thread extends every lease held, buffered ones included.
+(``concurrency + prefetch``), ``concurrency`` handler threads run them through the pipeline, an
+acker thread writes the finishes of successful runs in batches (one durable commit for many
+jobs), and the heartbeat thread extends every lease held, buffered and unacked ones included.
 
 On SIGTERM or SIGINT (or :meth:`Worker.stop`): no new fetches; buffered jobs are released at
 once; running jobs get ``grace_s`` to finish; what still runs then is released without charging
@@ -145,14 +146,16 @@ class Worker:
 
     def _fetch_loop(self, burst: bool) -> None:
         limit = self.concurrency + self.prefetch
+        # Refill when the buffer ran below one batch of work, so fetches stay batched.
+        refill_at = limit - max(1, self.prefetch, self.concurrency // 2)
         idle_sleep = 0.001
         while not self._stopping.is_set():
             with self._slot_freed:
-                # Refill when the buffer ran below one batch of work, so fetches stay batched.
                 # Deliveries waiting only for their batched ack hold no handler thread.
-                while len(self._inflight) - self._finishing > limit - max(
-                    1, self.prefetch, self.concurrency // 2
-                ) and not (self._stopping.is_set()):
+                while (
+                    len(self._inflight) - self._finishing > refill_at
+                    and not self._stopping.is_set()
+                ):
                     self._slot_freed.wait(self.poll_interval_s)
                 room = limit - (len(self._inflight) - self._finishing)
             if self._stopping.is_set():

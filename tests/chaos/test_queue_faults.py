@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from jobguard import App, JobStatus, Outcome
-from tests.support.procs import REPO_ROOT, WorkerProcess, spawn_worker, wait_until, workers
+from tests.support.procs import (
+    REPO_ROOT,
+    WorkerProcess,
+    clean_env,
+    spawn_worker,
+    wait_until,
+    workers,
+)
 from tests.support.queue_app import (
     KILL_SELF,
     KILL_SELF_MAX_ATTEMPTS,
@@ -309,7 +316,7 @@ def test_concurrent_enqueues_of_one_dedup_key_from_four_processes_store_one_job(
     Issue 2 acceptance 7; R5.1, invariant 6.
     """
     go = tmp_path / "go"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+    env = clean_env()
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     command = [
         sys.executable, "-m", APP_MODULE, "enqueue-dedup",

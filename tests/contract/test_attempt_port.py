@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from jobguard.backends.base import Backend, Closing, ErrorInfo
-from jobguard.models import Delivery, Guard, JobSpec, Outcome
+from jobguard.models import Guard, JobSpec, Outcome
 from jobguard.testing import ControlledClock
+from tests.support.ports import fetch_one, guard_of
 
 
 def make_spec(**changes: Any) -> JobSpec:
@@ -23,17 +24,6 @@ def make_spec(**changes: Any) -> JobSpec:
     }
     fields.update(changes)
     return JobSpec(**fields)
-
-
-def fetch_one(backend: Backend, worker: str = "w1") -> Delivery:
-    """Fetch the one ready delivery."""
-    (delivery,) = backend.fetch(["default"], 1, worker)
-    return delivery
-
-
-def guard_of(delivery: Delivery) -> Guard:
-    """The guard of a fresh delivery (no lock)."""
-    return Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id)
 
 
 def test_a_finished_attempt_row_carries_every_r8_1_field(

@@ -16,7 +16,6 @@ import pytest
 from jobguard.backends.base import Backend, BeginRequest, Closing, ErrorInfo
 from jobguard.exceptions import GuardLost, LeaseLostError, StaleFenceError
 from jobguard.models import (
-    Delivery,
     Guard,
     JobSpec,
     JobStatus,
@@ -26,6 +25,7 @@ from jobguard.models import (
     Outcome,
 )
 from jobguard.testing import ControlledClock
+from tests.support.ports import guard_of
 
 CLOSING = Closing(duration_s=0.1)
 ERROR = ErrorInfo(type="ConnectionError", message="reset")
@@ -53,11 +53,6 @@ def deliver(backend: Backend, **changes: Any) -> Guard:
     found = backend.fetch(["default"], 10, "w1")
     (delivery,) = [d for d in found if d.job_id == job.id]
     return guard_of(delivery)
-
-
-def guard_of(delivery: Delivery) -> Guard:
-    """The guard of a fresh delivery."""
-    return Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id)
 
 
 def stored(backend: Backend, key: str = KEY) -> Operation:

@@ -6,15 +6,16 @@ Every test runs against every backend in ``conftest.BACKENDS`` with a :class:`Co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from jobguard.backends.base import Backend, Closing, ErrorInfo, FinishRequest, Renewal
 from jobguard.exceptions import JobGuardError, LeaseLostError, NotFoundError
-from jobguard.models import Delivery, Guard, Job, JobSpec, JobStatus, Outcome
+from jobguard.models import Guard, Job, JobSpec, JobStatus, Outcome
 from jobguard.testing import ControlledClock
+from tests.support.ports import fetch_one, guard_of
 
 CLOSING = Closing(duration_s=0.25)
 ERROR = ErrorInfo(type="TimeoutError", message="upstream slow", traceback="tb", signature="s1")
@@ -31,20 +32,6 @@ def make_spec(**changes: Any) -> JobSpec:
     }
     fields.update(changes)
     return JobSpec(**fields)
-
-
-def guard_of(delivery: Delivery) -> Guard:
-    """The guard a worker holds for a fresh delivery (no lock)."""
-    return Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id)
-
-
-def fetch_one(
-    backend: Backend, queues: Sequence[str] = ("default",), worker: str = "w1"
-) -> Delivery:
-    """Fetch exactly one delivery; fail the test if there is not exactly one."""
-    found = backend.fetch(queues, 1, worker)
-    assert len(found) == 1, found
-    return found[0]
 
 
 def snapshot(backend: Backend, job_id: int) -> tuple[Job, list[Any]]:

@@ -9,7 +9,6 @@ unavailable.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -26,7 +25,7 @@ from click.testing import CliRunner, Result
 
 from jobguard import App, JobStatus, Outcome
 from jobguard.cli.main import COMMANDS, cli
-from tests.support.procs import wait_until
+from tests.support.procs import clean_env, entry_point, wait_until
 
 APP_SOURCE = '''
 """A small shop used by the CLI tests."""
@@ -133,17 +132,11 @@ def burst(shop: Shop, *extra: str) -> Result:
     return result
 
 
-def entry_point() -> list[str]:
-    """The installed ``jobguard`` console script next to this interpreter, else ``-m``."""
-    script = Path(sys.executable).with_name("jobguard")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "jobguard.cli.main"]
-
-
 def run_process(
     args: list[str], cwd: Path, timeout_s: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
     """Run the real ``jobguard`` executable (JOBGUARD_* scrubbed from its environment)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+    env = clean_env()
     return subprocess.run(
         [*entry_point(), *args],
         cwd=cwd,
@@ -653,7 +646,7 @@ def test_worker_process_finishes_its_running_job_on_sigterm_and_exits_0(shop: Sh
         "--delay-s",
         "3600",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+    env = clean_env()
     proc = subprocess.Popen(
         [
             *entry_point(),
@@ -704,7 +697,7 @@ def test_a_second_sigterm_releases_running_jobs_without_waiting_out_the_grace(
         json.dumps({"order_id": 1, "wait_for": str(never)}),
     )
     started = shop.directory / "never-created.started"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+    env = clean_env()
     proc = subprocess.Popen(
         [*entry_point(), "--app", shop.app_path, "worker", "--grace-s", "120"],
         cwd=shop.directory,
@@ -740,7 +733,7 @@ def test_worker_stops_gracefully_on_sigterm_as_soon_as_it_announced_itself(shop:
     """The "worker ... on queues" line means a SIGTERM is already a graceful stop (exit 0),
     even before the first fetch; scripts and supervisors may signal right after it."""
     for attempt in range(5):  # every round must pass; one alone could miss the short window
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+        env = clean_env()
         proc = subprocess.Popen(
             [*entry_point(), "--app", shop.app_path, "worker"],
             cwd=shop.directory,

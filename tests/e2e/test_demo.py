@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -27,6 +26,7 @@ import pytest
 from jobguard.demo import report as demo_report
 from jobguard.demo.faults import FaultPlan
 from jobguard.demo.settings import DemoFiles
+from tests.support.procs import clean_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ORDERS = 40
@@ -74,7 +74,7 @@ def run_demo(directory: Path, *extra: str) -> DemoRun:
         "--json",
         *extra,
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+    env = clean_env()
     done = subprocess.run(
         command,
         cwd=directory,

@@ -28,7 +28,6 @@ import dataclasses
 import enum
 import importlib
 import inspect
-import os
 import re
 import shlex
 import signal
@@ -43,6 +42,7 @@ import click
 import pytest
 
 from jobguard.cli.main import cli
+from tests.support.procs import clean_env, entry_point
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCS = REPO_ROOT / "docs"
@@ -106,17 +106,6 @@ def parse_blocks(document: Path) -> list[Block]:
             current.code += line + "\n"
     assert current is None, f"{document}: unclosed code fence at line {current.line}"
     return found
-
-
-def entry_point() -> list[str]:
-    """The installed ``jobguard`` console script next to this interpreter, else ``-m``."""
-    script = Path(sys.executable).with_name("jobguard")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "jobguard.cli.main"]
-
-
-def clean_env() -> dict[str, str]:
-    """The test's environment without JOBGUARD_* settings."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
 
 
 def shell_commands(block: Block) -> list[tuple[str, int]]:

@@ -4,13 +4,14 @@ install of the package runs the first one's demo. Issue 2 acceptance 10, issue 4
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.procs import clean_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_a_regular_install_ships_everything_the_demo_needs(tmp_path: Path) -> No
         capture_output=True,
         timeout=240,
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+    env = clean_env()
     env["PYTHONPATH"] = str(target)
     where = subprocess.run(
         [sys.executable, "-c", "import jobguard; print(jobguard.__file__)"],

@@ -15,6 +15,17 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without JOBGUARD_* settings, for a child process."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+
+
+def entry_point() -> list[str]:
+    """The installed ``jobguard`` console script next to this interpreter, else ``-m``."""
+    script = Path(sys.executable).with_name("jobguard")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "jobguard.cli.main"]
+
+
 class WorkerProcess:
     """A worker running in its own interpreter, started by :func:`spawn_worker`."""
 
@@ -120,7 +131,7 @@ def spawn_worker(
         command.append("--burst")
     if not heartbeat:
         command.append("--no-heartbeat")
-    process_env = {k: v for k, v in os.environ.items() if not k.startswith("JOBGUARD_")}
+    process_env = clean_env()
     process_env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + process_env.get("PYTHONPATH", "")
     process_env.update(env or {})
     popen = subprocess.Popen(

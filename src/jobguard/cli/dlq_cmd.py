@@ -10,6 +10,7 @@ from rich.text import Text
 from jobguard.cli.jobs_cmd import attempts_table, console, emit_json, jobs_table, when
 from jobguard.cli.state import CliState
 from jobguard.exceptions import NotFoundError
+from jobguard.models import JobStatus
 
 
 @click.group()
@@ -95,7 +96,7 @@ def purge(state: CliState, job_id: int | None, purge_all: bool, yes: bool) -> No
         app.dlq.show(job_id)  # NotFoundError (exit 1) unless the job is dead
         question = f"Delete dead job {job_id} and its attempts?"
     else:
-        count = len(app.dlq.list(limit=1_000_000))
+        count = app.counts()[JobStatus.DEAD]  # one count, not every dead row loaded
         if count == 0:
             click.echo("the dead letter queue is empty; nothing purged")
             return

@@ -74,9 +74,8 @@ def is_fatal(exc: BaseException, policy: RetryPolicy) -> bool:
     """Classify an exception raised by a handler as fatal (never retried) or transient."""
     if isinstance(exc, Fatal):
         return True
-    if isinstance(exc, Retry | GuardLost):
-        return False
-    if isinstance(exc, HandlerDecision):
+    # Fatal was handled above: any other decision (Retry) asks for a retry, whatever the policy.
+    if isinstance(exc, HandlerDecision | GuardLost):
         return False
     if policy.fatal and isinstance(exc, policy.fatal):
         return True

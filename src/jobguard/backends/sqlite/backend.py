@@ -64,6 +64,13 @@ def _deny_transaction_control(action: int, *_: str | None) -> int:
     return sqlite3.SQLITE_OK
 
 
+def _stale_fence(lock: LockGrant, newest: int) -> StaleFenceError:
+    return StaleFenceError(
+        f"resource {lock.resource!r}: fence {lock.fence} is stale "
+        f"(fence {newest} was granted since)"
+    )
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -126,14 +133,16 @@ class SQLiteBackend:
 
     @staticmethod
     def _check_fence(conn: sqlite3.Connection, guard: Guard) -> None:
+        """Refuse a write whose lock grant is no longer the newest for its resource.
+
+        Unlike :meth:`_verify`, the lease is left to the write's own ``WHERE lease_token``, so
+        an unlocked job pays no extra query on the hot path (finish).
+        """
         if guard.lock is None:
             return
         row = conn.execute(Q["lock_row"], {"resource": guard.lock.resource}).fetchone()
         if row is not None and row["fence"] > guard.lock.fence:
-            raise StaleFenceError(
-                f"resource {guard.lock.resource!r}: fence {guard.lock.fence} is stale "
-                f"(fence {row['fence']} was granted since)"
-            )
+            raise _stale_fence(guard.lock, row["fence"])
 
     def _close_attempt(
         self,
@@ -258,14 +267,13 @@ class SQLiteBackend:
             if not picked:
                 return []
             expired = [row for row in picked if row["status"] == JobStatus.RUNNING]
+            spent = {row["id"] for row in expired if row["attempts"] >= row["max_attempts"]}
             if expired:
                 tokens = [row["lease_token"] for row in expired]
                 conn.execute(Q["close_lost_attempts"], {"tokens": json.dumps(tokens), "now": now})
-                spent = [row["id"] for row in expired if row["attempts"] >= row["max_attempts"]]
-                if spent:
-                    conn.execute(Q["bury_exhausted"], {"ids": json.dumps(spent), "now": now})
-            spent_ids = {row["id"] for row in expired if row["attempts"] >= row["max_attempts"]}
-            order = [row["id"] for row in picked if row["id"] not in spent_ids]
+            if spent:
+                conn.execute(Q["bury_exhausted"], {"ids": json.dumps(sorted(spent)), "now": now})
+            order = [row["id"] for row in picked if row["id"] not in spent]
             if not order:
                 return []
             ids = json.dumps(order)
@@ -632,8 +640,9 @@ class SQLiteBackend:
     ) -> Operation | None:
         fence = guard.lock.fence if guard.lock else None
         row = conn.execute(Q["operation_row"], {"key": key}).fetchone()
+        # Insert and claim return the row as written: no second read of it.
         if row is None:
-            conn.execute(
+            row = conn.execute(
                 Q["insert_operation"],
                 {
                     "key": key,
@@ -642,7 +651,7 @@ class SQLiteBackend:
                     "fence": fence,
                     "now": now,
                 },
-            )
+            ).fetchone()
         elif row["status"] != OperationStatus.COMPLETED:
             holder = row["owner_lease"]
             if holder and holder != guard.lease_token:
@@ -651,11 +660,10 @@ class SQLiteBackend:
                 ).fetchone()
                 if alive is not None:
                     return None
-            conn.execute(
+            row = conn.execute(
                 Q["claim_operation"],
                 {"key": key, "owner_lease": guard.lease_token, "fence": fence, "now": now},
-            )
-        row = conn.execute(Q["operation_row"], {"key": key}).fetchone()
+            ).fetchone()
         steps = conn.execute(Q["steps_of_operation"], {"key": key}).fetchall()
         return rows.operation(row, steps)
 
@@ -735,31 +743,28 @@ class SQLiteBackend:
             and state["fence"] is not None
             and state["fence"] > guard.lock.fence
         ):
-            raise StaleFenceError(
-                f"resource {guard.lock.resource!r}: fence {guard.lock.fence} is stale "
-                f"(fence {state['fence']} was granted since)"
-            )
+            raise _stale_fence(guard.lock, state["fence"])
         if claim_key is not None and state["claim_ok"] is None:
             raise LeaseLostError(f"operation {claim_key!r} is no longer claimed by this delivery")
 
-    def _guard_step(self, conn: sqlite3.Connection, guard: Guard, key: str) -> None:
-        self._verify(conn, guard, key)
+    def _insert_step(
+        self, conn: sqlite3.Connection, guard: Guard, key: str, name: str, result_json: str
+    ) -> None:
+        params = {
+            "key": key,
+            "name": name,
+            "result": result_json,
+            "fence": guard.lock.fence if guard.lock else None,
+            "now": self._clock(),
+        }
+        conn.execute(Q["insert_step"], params)
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
         """Record a completed step (one transaction, guarded)."""
 
         def op(conn: sqlite3.Connection) -> None:
-            self._guard_step(conn, guard, key)
-            conn.execute(
-                Q["insert_step"],
-                {
-                    "key": key,
-                    "name": name,
-                    "result": result_json,
-                    "fence": guard.lock.fence if guard.lock else None,
-                    "now": self._clock(),
-                },
-            )
+            self._verify(conn, guard, key)
+            self._insert_step(conn, guard, key, name, result_json)
 
         self._write(op)
 
@@ -769,7 +774,7 @@ class SQLiteBackend:
         """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
 
         def op(conn: sqlite3.Connection) -> tuple[bool, Any]:
-            self._guard_step(conn, guard, key)
+            self._verify(conn, guard, key)
             stored = conn.execute(Q["step_row"], {"key": key, "name": name}).fetchone()
             if stored is not None:
                 return False, json.loads(stored["result"])
@@ -784,16 +789,7 @@ class SQLiteBackend:
                 result_json = json.dumps(value)
             except Exception as exc:
                 raise UserCodeError(exc) from exc
-            conn.execute(
-                Q["insert_step"],
-                {
-                    "key": key,
-                    "name": name,
-                    "result": result_json,
-                    "fence": guard.lock.fence if guard.lock else None,
-                    "now": self._clock(),
-                },
-            )
+            self._insert_step(conn, guard, key, name, result_json)
             return True, value
 
         return self._write(op)

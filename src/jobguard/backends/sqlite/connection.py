@@ -247,21 +247,22 @@ class GroupCommitter:
         except (sqlite3.Error, StoreUnavailableError) as exc:
             self._fail_all(batch, exc)
             return
-        for request in batch:
-            conn.execute("SAVEPOINT request")
-            try:
-                request.result = request.fn(conn)
-            except BaseException as exc:  # the caller gets it; the others still commit
-                conn.execute("ROLLBACK TO request")
-                request.error = exc if not isinstance(exc, sqlite3.Error) else _wrap(exc)
-            conn.execute("RELEASE request")
         try:
+            for request in batch:
+                conn.execute("SAVEPOINT request")
+                try:
+                    request.result = request.fn(conn)
+                except BaseException as exc:  # the caller gets it; the others still commit
+                    conn.execute("ROLLBACK TO request")
+                    request.error = exc if not isinstance(exc, sqlite3.Error) else _wrap(exc)
+                conn.execute("RELEASE request")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
+            # Savepoint or commit failed (disk full, I/O error): nothing of the batch is durable.
+            # Every caller must hear so, and the connection must not stay inside a transaction.
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             self._fail_all(batch, exc)
-            return
 
     @staticmethod
     def _fail_all(batch: list[_Request], exc: BaseException) -> None:

@@ -171,13 +171,15 @@ SELECT * FROM operations WHERE key = :key;
 -- name: insert_operation
 INSERT INTO operations (key, status, resource_key, owner_lease, attempts, fence, created_at,
                         updated_at)
-VALUES (:key, 'processing', :resource_key, :owner_lease, 1, :fence, :now, :now);
+VALUES (:key, 'processing', :resource_key, :owner_lease, 1, :fence, :now, :now)
+RETURNING *;
 
 -- name: claim_operation
 UPDATE operations
 SET status = 'processing', owner_lease = :owner_lease, attempts = attempts + 1, fence = :fence,
     updated_at = :now
-WHERE key = :key AND status != 'completed';
+WHERE key = :key AND status != 'completed'
+RETURNING *;
 
 -- name: complete_operation
 UPDATE operations
