@@ -320,8 +320,18 @@ class App:
             renewer.start()
         try:
             yield grant
-        finally:
-            stop.set()
-            if renewer is not None:
-                renewer.join()
-            self.backend.release_lock(grant)
+        except BaseException:
+            self._stop_renewing(stop, renewer)
+            # The block's own error is what the caller needs; a failed release only delays the
+            # lock's expiry, so it must not replace it.
+            with contextlib.suppress(JobGuardError):
+                self.backend.release_lock(grant)
+            raise
+        self._stop_renewing(stop, renewer)
+        self.backend.release_lock(grant)
+
+    @staticmethod
+    def _stop_renewing(stop: threading.Event, renewer: threading.Thread | None) -> None:
+        stop.set()
+        if renewer is not None:
+            renewer.join()

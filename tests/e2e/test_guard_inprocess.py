@@ -6,6 +6,7 @@ multi-process fault versions live in ``tests/chaos/test_guard_faults.py``.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobguard import App, JobStatus, LockBusyError, OperationStatus, Outcome
+from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.demo.mailserver import MailServer
 from jobguard.testing import drain
 from tests.support import guard_app
@@ -185,3 +187,25 @@ def test_app_lock_without_renewal_expires_and_the_old_owner_cannot_touch_the_new
             assert app.backend.release_lock(old) is False
             assert app.backend.acquire_lock("order:42", "third", 30) is None
     assert app.backend.lock_fence("order:42") == old.fence + 1
+
+
+def test_an_error_in_the_locked_block_is_not_hidden_by_a_failed_release(tmp_path: Path) -> None:
+    """If the store is locked when ``app.lock`` releases, the caller still sees its own error
+    (the lock simply expires at its TTL)."""
+    db = tmp_path / "locked.db"
+    app = App(backend=SQLiteBackend(str(db), busy_timeout_s=0.2))
+    blocker = sqlite3.connect(db, isolation_level=None)
+
+    def work_while_the_store_gets_locked() -> None:
+        with app.lock("order:7", ttl_s=5):
+            blocker.execute("BEGIN IMMEDIATE")  # every writer now times out, the release too
+            raise ValueError("from the block")
+
+    try:
+        with pytest.raises(ValueError, match="from the block"):
+            work_while_the_store_gets_locked()
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        app.close()
+    assert app.backend.lock_fence("order:7") == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,22 @@ def test_a_regular_install_ships_everything_the_demo_needs(tmp_path: Path) -> No
     """Installed as a wheel would be (not from the source tree), the demo still finds its SQL
     files and runs to a clean report: packaging cannot silently drop package data."""
     target = tmp_path / "site"
+    # Build from a copy: an in-tree build would leave build/ and egg-info in the checkout.
+    source = tmp_path / "source"
+    shutil.copytree(
+        REPO_ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv",
+            "build",
+            "*.egg-info",
+            "__pycache__",
+            ".*_cache",
+            ".hypothesis",
+            "*.db*",
+        ),
+    )
     subprocess.run(
         [
             sys.executable,
@@ -57,7 +74,7 @@ def test_a_regular_install_ships_everything_the_demo_needs(tmp_path: Path) -> No
             "--no-deps",
             "--target",
             str(target),
-            str(REPO_ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,
