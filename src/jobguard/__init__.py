@@ -7,6 +7,7 @@ from jobguard.app import App, DeadLetterQueue
 from jobguard.context import Context
 from jobguard.exceptions import (
     ConfigurationError,
+    DuplicateJobError,
     EnqueueError,
     Fatal,
     GuardLost,
@@ -42,6 +43,7 @@ __all__ = [
     "Context",
     "DeadJob",
     "DeadLetterQueue",
+    "DuplicateJobError",
     "EnqueueError",
     "Fatal",
     "GuardLost",

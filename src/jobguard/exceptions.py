@@ -9,6 +9,7 @@
     │   ├── KeyTemplateError        an operation/resource key template that cannot be built stably
     │   └── UnknownTaskError        no task of that name is registered
     ├── NotFoundError               no job / operation / dead job with that id
+    ├── DuplicateJobError           a replay would make a second live job for one dedup key
     ├── StoreUnavailableError       the database went away or is locked past its timeout
     ├── GuardLost                   this worker no longer owns the delivery; its writes are refused
     │   ├── LeaseLostError          the lease token is stale (redelivered, released, finished)
@@ -51,6 +52,10 @@ class UnknownTaskError(EnqueueError):
 
 class NotFoundError(JobGuardError):
     """The requested job, dead job or operation does not exist."""
+
+
+class DuplicateJobError(JobGuardError):
+    """The action would leave two live jobs holding one dedup key (R5, invariant 6)."""
 
 
 class StoreUnavailableError(JobGuardError):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from jobguard.backends.base import Backend, Closing, ErrorInfo, FinishRequest, Renewal
-from jobguard.exceptions import JobGuardError, LeaseLostError, NotFoundError
+from jobguard.exceptions import DuplicateJobError, JobGuardError, LeaseLostError, NotFoundError
 from jobguard.models import Guard, Job, JobSpec, JobStatus, Outcome
 from jobguard.testing import ControlledClock
 from tests.support.ports import fetch_one, guard_of
@@ -609,3 +609,25 @@ def test_finish_many_acks_current_deliveries_and_refuses_stale_ones_without_writ
     assert backend.get_job(third.id).status == JobStatus.COMPLETED
     assert snapshot(backend, second.id) == before
     assert backend.finish_many([]) == []
+
+
+def test_replay_is_refused_while_another_live_job_holds_the_dedup_key(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """A job enqueued again while the first one was dead holds the key; replaying the dead one
+    would give two live jobs for one dedup key (R5, invariant 6). Once the live one is gone, the
+    replay goes through."""
+    first = backend.enqueue(make_spec(dedup_key="invoice:9", max_attempts=1))
+    delivery = fetch_one(backend)
+    backend.bury(guard_of(delivery), CLOSING, reason="broken", error=ERROR)
+    second = backend.enqueue(make_spec(dedup_key="invoice:9"))
+    assert second.id != first.id
+    before = snapshot(backend, first.id)
+
+    with pytest.raises(DuplicateJobError, match=str(second.id)):
+        backend.replay(first.id)
+    assert snapshot(backend, first.id) == before
+
+    backend.finish(guard_of(fetch_one(backend)), CLOSING)  # the live job completes
+    clock.advance(1)
+    assert backend.replay(first.id).status == JobStatus.QUEUED

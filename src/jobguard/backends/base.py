@@ -214,7 +214,8 @@ class QueuePort(Protocol):
     def replay(self, job_id: int) -> Job:
         """Move a dead job back to the queue, same id, payload and keys, attempts reset.
 
-        Atomic: one statement; :class:`~jobguard.exceptions.NotFoundError` if it is not dead.
+        Atomic: one transaction; :class:`~jobguard.exceptions.NotFoundError` if it is not dead,
+        :class:`~jobguard.exceptions.DuplicateJobError` if another live job holds its dedup key.
         """
 
     def purge(self, job_id: int | None = None) -> int:

@@ -33,6 +33,7 @@ from jobguard.backends.sqlite.connection import (
     open_connection,
 )
 from jobguard.exceptions import (
+    DuplicateJobError,
     GuardLost,
     LeaseLostError,
     NotFoundError,
@@ -543,13 +544,29 @@ class SQLiteBackend:
     def replay(self, job_id: int) -> Job:
         """Dead job back to the queue with the same id and keys."""
 
-        def op(conn: sqlite3.Connection) -> int:
-            return conn.execute(Q["replay_job"], {"job_id": job_id, "now": self._clock()}).rowcount
+        def op(conn: sqlite3.Connection) -> Job:
+            now = self._clock()
+            row = conn.execute(Q["job_by_id"], {"id": job_id}).fetchone()
+            if row is None:
+                raise NotFoundError(f"no job with id {job_id}")
+            if row["status"] != JobStatus.DEAD:
+                raise NotFoundError(
+                    f"job {job_id} is {row['status']}, not in the dead letter queue"
+                )
+            if row["dedup_key"] is not None:
+                holder = conn.execute(
+                    Q["live_dedup_job"], {"dedup_key": row["dedup_key"], "now": now}
+                ).fetchone()
+                if holder is not None:
+                    raise DuplicateJobError(
+                        f"job {job_id} cannot be replayed: job {holder['id']} ({holder['status']}) "
+                        f"holds its dedup key {row['dedup_key']!r}; replaying would run the same "
+                        "work twice"
+                    )
+            conn.execute(Q["replay_job"], {"job_id": job_id, "now": now})
+            return rows.job(conn.execute(Q["job_by_id"], {"id": job_id}).fetchone())
 
-        if self._write(op) != 1:
-            job = self.get_job(job_id)  # raises NotFoundError when missing
-            raise NotFoundError(f"job {job_id} is {job.status}, not in the dead letter queue")
-        return self.get_job(job_id)
+        return self._write(op)
 
     def purge(self, job_id: int | None = None) -> int:
         """Delete dead jobs (one, or all) and their attempts."""
