@@ -256,6 +256,14 @@ class App:
         """How many jobs are in each state."""
         return self.backend.count_jobs()
 
+    def prune(self, older_than_s: float) -> int:
+        """Retention: delete completed jobs (and their attempt rows) older than ``older_than_s``.
+
+        Keeps jobs whose dedup window is still open and never deletes operation records or
+        steps, so a late duplicate is still acked as already processed. Returns how many jobs.
+        """
+        return self.backend.prune_completed(older_than_s)
+
     def attempts(
         self, *, job_id: int | None = None, operation_key: str | None = None, limit: int = 1000
     ) -> list[Attempt]:

@@ -631,3 +631,38 @@ def test_replay_is_refused_while_another_live_job_holds_the_dedup_key(
     backend.finish(guard_of(fetch_one(backend)), CLOSING)  # the live job completes
     clock.advance(1)
     assert backend.replay(first.id).status == JobStatus.QUEUED
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+def test_prune_deletes_old_completed_jobs_in_batches_and_keeps_everything_else(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """Retention removes completed jobs past the age and their attempts, batch by batch; live,
+    dead, recent and dedup-holding jobs and every operation record stay (R4.3, R5.2)."""
+    old = [backend.enqueue(make_spec(payload=f'{{"n":{n}}}')) for n in range(5)]
+    for delivery in backend.fetch(["default"], 5, "w1"):
+        backend.finish(guard_of(delivery), CLOSING)
+    held = backend.enqueue(make_spec(dedup_key="held", dedup_window_s=1000))
+    backend.finish(guard_of(fetch_one(backend)), CLOSING)
+    dead = backend.enqueue(make_spec(max_attempts=1))
+    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="x", error=ERROR)
+    clock.advance(100)
+    recent = backend.enqueue(make_spec())
+    backend.finish(guard_of(fetch_one(backend)), CLOSING)
+    queued = backend.enqueue(make_spec())
+
+    assert backend.prune_completed(50, batch_size=2) == 5
+
+    for job in old:
+        with pytest.raises(NotFoundError):
+            backend.get_job(job.id)
+        assert backend.attempts(job_id=job.id) == []
+    assert backend.get_job(held.id).status == JobStatus.COMPLETED  # dedup window still open
+    assert backend.get_job(dead.id).status == JobStatus.DEAD
+    assert backend.get_job(recent.id).status == JobStatus.COMPLETED
+    assert backend.get_job(queued.id).status == JobStatus.QUEUED
+    assert backend.prune_completed(50) == 0
+    with pytest.raises(JobGuardError):
+        backend.prune_completed(-1)

@@ -218,6 +218,13 @@ class QueuePort(Protocol):
         :class:`~jobguard.exceptions.DuplicateJobError` if another live job holds its dedup key.
         """
 
+    def prune_completed(self, older_than_s: float, batch_size: int = 1000) -> int:
+        """Delete completed jobs finished more than ``older_than_s`` ago, with their attempts.
+
+        Jobs whose dedup window is still open are kept; operation records and steps are never
+        deleted. Atomic per batch of ``batch_size`` jobs; returns how many were deleted.
+        """
+
     def purge(self, job_id: int | None = None) -> int:
         """Delete one dead job (or all of them) with their attempt rows; return how many."""
 

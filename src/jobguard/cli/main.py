@@ -38,6 +38,7 @@ COMMANDS = {
     "dlq": "jobguard.cli.dlq_cmd:dlq",
     "demo": "jobguard.cli.demo_cmd:demo",
     "doctor": "jobguard.cli.doctor_cmd:doctor",
+    "prune": "jobguard.cli.prune_cmd:prune",
 }
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
@@ -48,6 +49,7 @@ SHORT_HELP = {
     "doctor": "Find overlaps, tight timeouts, retry spikes and missing traces (R8.2-R8.5).",
     "enqueue": "Enqueue a job of a registered task.",
     "jobs": "List jobs, newest first.",
+    "prune": "Delete old completed jobs and their attempts (retention).",
     "worker": "Run a worker process.",
 }
 

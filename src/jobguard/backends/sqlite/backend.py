@@ -33,6 +33,7 @@ from jobguard.backends.sqlite.connection import (
     open_connection,
 )
 from jobguard.exceptions import (
+    ConfigurationError,
     DuplicateJobError,
     GuardLost,
     LeaseLostError,
@@ -567,6 +568,28 @@ class SQLiteBackend:
             return rows.job(conn.execute(Q["job_by_id"], {"id": job_id}).fetchone())
 
         return self._write(op)
+
+    def prune_completed(self, older_than_s: float, batch_size: int = 1000) -> int:
+        """Delete completed jobs finished over ``older_than_s`` ago, with their attempt rows.
+
+        One short transaction per ``batch_size`` jobs, so workers are never held up for long.
+        """
+        if older_than_s < 0 or batch_size < 1:
+            raise ConfigurationError("older_than_s must be >= 0 and batch_size >= 1")
+
+        def op(conn: sqlite3.Connection) -> int:
+            now = self._clock()
+            params = {"cutoff": now - older_than_s, "now": now, "limit": batch_size}
+            ids = [row["id"] for row in conn.execute(Q["prunable_jobs"], params)]
+            if not ids:
+                return 0
+            conn.execute(Q["prune_attempts"], {"ids": json.dumps(ids)})
+            return int(conn.execute(Q["prune_jobs"], {"ids": json.dumps(ids)}).rowcount)
+
+        pruned = 0
+        while batch := self._write(op):
+            pruned += batch
+        return pruned
 
     def purge(self, job_id: int | None = None) -> int:
         """Delete dead jobs (one, or all) and their attempts."""

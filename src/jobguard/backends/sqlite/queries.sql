@@ -228,3 +228,17 @@ SELECT
 SELECT 1 FROM jobs
 WHERE queue = :queue AND status IN ('queued', 'running') AND available_at <= :now
 LIMIT 1;
+
+-- name: prunable_jobs
+-- Completed jobs finished before :cutoff whose dedup window is over too (so pruning never lets a
+-- duplicate in). Operation records and steps are kept: they are what makes a late duplicate
+-- "already processed".
+SELECT id FROM jobs
+WHERE status = 'completed' AND finished_at < :cutoff AND finished_at + dedup_window_s <= :now
+ORDER BY id LIMIT :limit;
+
+-- name: prune_attempts
+DELETE FROM attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_jobs
+DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'completed';

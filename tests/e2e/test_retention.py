@@ -1,0 +1,53 @@
+"""Retention: old completed jobs go, the idempotency records stay (R4.3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from jobguard import App, Context, JobStatus, Outcome
+from jobguard.cli.main import cli
+from jobguard.testing import drain
+
+
+def test_a_duplicate_after_pruning_is_still_acked_as_already_processed(app: App) -> None:
+    """Pruning deletes the job rows, not the operation record: the effect is not redone."""
+    runs: list[int] = []
+
+    @app.task(operation_key="invoice:{order_id}")
+    def invoice(ctx: Context, order_id: int) -> None:
+        runs.append(order_id)
+
+    first = invoice.enqueue(order_id=5)
+    drain(app)
+    assert app.prune(0) == 1
+    assert app.jobs() == []
+
+    again = invoice.enqueue(order_id=5)
+    drain(app)
+    assert runs == [5]
+    assert again.id != first.id
+    assert [a.outcome for a in app.attempts(job_id=again.id)] == [Outcome.ALREADY_PROCESSED]
+
+
+def test_prune_command_reports_what_it_deleted(tmp_path: Path) -> None:
+    """``jobguard --url … prune --older-than-s N`` works without the app; bad ages are usage
+    errors."""
+    db = tmp_path / "jobs.db"
+    app = App(f"sqlite:///{db}")
+
+    @app.task()
+    def noop(ctx: Context) -> None: ...
+
+    noop.enqueue()
+    drain(app)
+    app.close()
+    runner = CliRunner()
+    kept = runner.invoke(cli, ["--url", f"sqlite:///{db}", "prune", "--older-than-s", "3600"])
+    assert (kept.exit_code, kept.output.strip()) == (0, "pruned 0 completed jobs")
+    pruned = runner.invoke(cli, ["--url", f"sqlite:///{db}", "prune", "--older-than-s", "0"])
+    assert (pruned.exit_code, pruned.output.strip()) == (0, "pruned 1 completed job")
+    assert App(f"sqlite:///{db}").counts()[JobStatus.COMPLETED] == 0
+    bad = runner.invoke(cli, ["--url", f"sqlite:///{db}", "prune", "--older-than-s", "-1"])
+    assert bad.exit_code == 2
