@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,7 +26,8 @@ class InFlight:
         self.delivery = delivery
         self.guard = guard
         self.lock_ttl_s = lock_ttl_s
-        self.lost = threading.Event()
+        # A plain flag, not an Event: it is only ever set once and read, and one is made per job.
+        self.lost = False
         self.lost_reason = ""
         self.started = False  # taken by a handler thread: shutdown waits for it, not releases it
         self.finishing = False  # handler done; its finish waits in the worker's ack batch
@@ -36,9 +36,9 @@ class InFlight:
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lease or lock is gone; the handler's writes will be refused."""
-        if not self.lost.is_set():
+        if not self.lost:
             self.lost_reason = reason
-            self.lost.set()
+            self.lost = True
 
 
 class Context:
@@ -87,7 +87,7 @@ class Context:
     @property
     def lease_lost(self) -> bool:
         """True once the heartbeat found the lease (or lock) taken over; stop work early."""
-        return self._inflight.lost.is_set()
+        return self._inflight.lost
 
     def idempotency_key(self, name: str) -> str:
         """A key for an external API call, stable across attempts and replays (R4.5)."""

@@ -61,7 +61,7 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         """Renew everything in flight once; mark the lost ones."""
-        current = [item for item in self._snapshot() if not item.lost.is_set()]
+        current = [item for item in self._snapshot() if not item.lost]
         if not current:
             return
         renewals = [
