@@ -516,11 +516,15 @@ def test_begin_on_an_operation_claimed_elsewhere_is_busy_and_keeps_no_lock(
     """Port contract: both hold or neither is kept; the lock taken for nothing is given back."""
     first = deliver(backend)
     assert backend.begin(first, request(resource_key="order:1", lock_owner="w1/a")).busy is None
-    begun = backend.begin(deliver(backend), request(resource_key="order:2", lock_owner="w2/b"))
+    second = deliver(backend)
+    begun = backend.begin(second, request(resource_key="order:2", lock_owner="w2/b"))
     assert begun.busy is not None
     assert KEY in begun.busy
     assert (begun.grant, begun.operation) == (None, None)
     assert backend.acquire_lock("order:2", "third", 5.0) is not None
+    # The attempt log does not claim a lock this delivery gave straight back (R8.1).
+    (attempt,) = backend.attempts(job_id=second.job_id)
+    assert (attempt.lock_owner, attempt.fence) == (None, None)
 
 
 def test_begin_of_a_completed_operation_returns_it_without_a_claim(backend: Backend) -> None:

@@ -738,6 +738,9 @@ class SQLiteBackend:
         operation = self._claim(conn, current, request.operation_key, request.resource_key, now)
         if operation is None:
             self._drop_lock(conn, current)
+            # The attempt row must not name a lock this delivery gave straight back.
+            params = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
+            conn.execute(Q["attempt_lock"], params)
             return Begun(busy=f"operation {request.operation_key!r} is in progress")
         return Begun(grant=current.lock, operation=operation)
 
