@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ APP_SOURCE = '''
 """A small shop used by the CLI tests."""
 import sqlite3
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from jobguard import App, Context
@@ -623,6 +623,26 @@ def test_installed_entry_point_reports_errors_with_documented_exit_codes(shop: S
     assert not (shop.directory / "absent.db").exists()
 
 
+@contextmanager
+def worker_process(shop: Shop, *options: str) -> Iterator[subprocess.Popen[str]]:
+    """``jobguard --app … worker OPTIONS`` as a real process; killed and reaped whatever the
+    test does, so a failing assertion never leaves a worker behind."""
+    proc = subprocess.Popen(
+        [*entry_point(), "--app", shop.app_path, "worker", *options],
+        cwd=shop.directory,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_worker_process_finishes_its_running_job_on_sigterm_and_exits_0(shop: Shop) -> None:
     """SIGTERM to `jobguard worker`: no new fetches, the running job finishes in --grace-s,
     the process exits 0 (R2, DESIGN invariant 9; issue #2 worker shutdown)."""
@@ -646,33 +666,11 @@ def test_worker_process_finishes_its_running_job_on_sigterm_and_exits_0(shop: Sh
         "--delay-s",
         "3600",
     )
-    env = clean_env()
-    proc = subprocess.Popen(
-        [
-            *entry_point(),
-            "--app",
-            shop.app_path,
-            "worker",
-            "--grace-s",
-            "20",
-            "--worker-id",
-            "term-1",
-        ],
-        cwd=shop.directory,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with worker_process(shop, "--grace-s", "20", "--worker-id", "term-1") as proc:
         wait_until(started.exists)
         proc.send_signal(signal.SIGTERM)
         go.touch()  # the handler could not finish before the signal was sent
         _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
     assert proc.returncode == 0, stderr
     assert "worker stopped: completed=1; released 0" in stderr
@@ -697,16 +695,7 @@ def test_a_second_sigterm_releases_running_jobs_without_waiting_out_the_grace(
         json.dumps({"order_id": 1, "wait_for": str(never)}),
     )
     started = shop.directory / "never-created.started"
-    env = clean_env()
-    proc = subprocess.Popen(
-        [*entry_point(), "--app", shop.app_path, "worker", "--grace-s", "120"],
-        cwd=shop.directory,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with worker_process(shop, "--grace-s", "120") as proc:
         wait_until(started.exists)
         # Keep signalling until it exits: the first signal starts the graceful stop, any later
         # one must cut the 120 s grace short (the handler would wait 30 s for its file).
@@ -716,10 +705,6 @@ def test_a_second_sigterm_releases_running_jobs_without_waiting_out_the_grace(
             time.sleep(0.1)
         assert proc.poll() is not None, "the worker kept waiting after a second SIGTERM"
         _, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
     assert proc.returncode == 0, stderr
     assert "released 1" in stderr
@@ -733,24 +718,11 @@ def test_worker_stops_gracefully_on_sigterm_as_soon_as_it_announced_itself(shop:
     """The "worker ... on queues" line means a SIGTERM is already a graceful stop (exit 0),
     even before the first fetch; scripts and supervisors may signal right after it."""
     for attempt in range(5):  # every round must pass; one alone could miss the short window
-        env = clean_env()
-        proc = subprocess.Popen(
-            [*entry_point(), "--app", shop.app_path, "worker"],
-            cwd=shop.directory,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
+        with worker_process(shop) as proc:
             assert proc.stderr is not None
             first = proc.stderr.readline()
             proc.send_signal(signal.SIGTERM)
             _, rest = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         assert first.startswith("worker "), (attempt, first)
         assert proc.returncode == 0, (attempt, first + rest)
         assert "worker stopped" in rest
