@@ -195,12 +195,15 @@ class Pipeline:
             return self._bury_unrunnable(inflight, arguments, started)
 
         stored_steps: dict[str, Any] = {}
-        request = self.begin_request(delivery, task)
-        if request is not None:
-            begun = inflight.begun or self.backend.begin(inflight.guard, request)
+        begun = inflight.begun  # taken with its fetched batch by prepare(), already held
+        if begun is None:
+            request = self.begin_request(delivery, task)
+            if request is not None:
+                begun = self.backend.begin(inflight.guard, request)
+                _hold(inflight, begun, request)
+        if begun is not None:
             if begun.busy is not None:
                 return self._defer(inflight, task, started, begun.busy)
-            _hold(inflight, begun, request)
             operation = begun.operation
             if operation is not None and operation.status == OperationStatus.COMPLETED:
                 ack = FinishRequest(

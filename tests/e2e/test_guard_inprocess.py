@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from jobguard import App, JobStatus, LockBusyError, OperationStatus, Outcome
+from jobguard import App, Context, JobStatus, LockBusyError, OperationStatus, Outcome
 from jobguard.backends.sqlite import SQLiteBackend
+from jobguard.context import InFlight
 from jobguard.demo.mailserver import MailServer
+from jobguard.hooks import Hooks
+from jobguard.pipeline import Pipeline, guard_of
 from jobguard.testing import drain
 from tests.support import guard_app
 from tests.support.guard_app import FULFILL, FULFILL_STEPS, Faults, query, read_events
@@ -209,3 +212,25 @@ def test_an_error_in_the_locked_block_is_not_hidden_by_a_failed_release(tmp_path
         blocker.close()
         app.close()
     assert app.backend.lock_fence("order:7") == 1
+
+
+def test_a_delivery_not_prepared_with_its_batch_locks_and_claims_on_its_own(app: App) -> None:
+    """When the batched lock-and-claim of a fetch failed, the pipeline takes them itself."""
+
+    @app.task(operation_key="ship:{order_id}", resource_key="order:{order_id}")
+    def ship(ctx: Context, order_id: int) -> int:
+        assert ctx.fence is not None
+        return ctx.fence
+
+    ship.enqueue(order_id=3)
+    (delivery,) = app.backend.fetch(["default"], 1, "w1")
+    inflight = InFlight(delivery, guard_of(delivery), None)
+    pipeline = Pipeline(app.backend, app.tasks, "w1", Hooks())
+    settled = pipeline.run(inflight)
+    assert settled.ack is not None
+    assert pipeline.complete([(inflight, settled)])[0].outcome == Outcome.COMPLETED
+    operation = app.operation("ship:3")
+    assert operation is not None
+    assert (operation.status, operation.result) == (OperationStatus.COMPLETED, 1)
+    (attempt,) = app.attempts(job_id=delivery.job_id)
+    assert attempt.fence == 1
