@@ -125,6 +125,11 @@ def one_line_error(result: Result) -> str:
     return lines[0]
 
 
+def enqueue_args(shop: Shop, task: str, kwargs: str) -> list[str]:
+    """The arguments of ``jobguard --app SHOP enqueue TASK --kwargs KWARGS``."""
+    return ["--app", shop.app_path, "enqueue", task, "--kwargs", kwargs]
+
+
 def burst(shop: Shop, *extra: str) -> Result:
     """``jobguard worker --burst`` in-process on every queue of the shop."""
     result = run("--app", shop.app_path, "worker", "--burst", "--queues", "default,orders", *extra)
@@ -175,12 +180,7 @@ def test_enqueue_reads_the_app_from_the_jobguard_app_environment_variable(shop: 
 def test_enqueue_with_a_held_dedup_key_returns_the_existing_job(shop: Shop) -> None:
     """A second enqueue with the same --dedup-key says deduplicated and stores nothing (R5.1)."""
     args = [
-        "--app",
-        shop.app_path,
-        "enqueue",
-        "charge",
-        "--kwargs",
-        '{"order_id": 1}',
+        *enqueue_args(shop, "charge", '{"order_id": 1}'),
         "--dedup-key",
         "charge:1",
     ]
@@ -200,12 +200,7 @@ def test_enqueue_with_a_held_dedup_key_returns_the_existing_job(shop: Shop) -> N
 def test_enqueue_applies_delay_priority_queue_and_dedup_window(shop: Shop) -> None:
     """--delay-s, --priority, --queue and --dedup-window-s reach the stored job (R5.2)."""
     result = run(
-        "--app",
-        shop.app_path,
-        "enqueue",
-        "charge",
-        "--kwargs",
-        '{"order_id": 2}',
+        *enqueue_args(shop, "charge", '{"order_id": 2}'),
         "--delay-s",
         "60",
         "--priority",
@@ -439,12 +434,7 @@ def test_dlq_purge_asks_first_and_deletes_the_job_with_its_attempts(shop: Shop) 
     """`dlq purge ID` confirms unless --yes; a refusal keeps everything (R7.3)."""
     for order_id in (-1, -2):
         run(
-            "--app",
-            shop.app_path,
-            "enqueue",
-            "charge",
-            "--kwargs",
-            json.dumps({"order_id": order_id}),
+            *enqueue_args(shop, "charge", json.dumps({"order_id": order_id})),
         )
     burst(shop)
 
@@ -555,12 +545,7 @@ def test_installed_entry_point_enqueues_and_worker_burst_processes_the_jobs(shop
     for order_id in (1, 2, 3):
         enqueued = run_process(
             [
-                "--app",
-                shop.app_path,
-                "enqueue",
-                "fulfill",
-                "--kwargs",
-                json.dumps({"order_id": order_id}),
+                *enqueue_args(shop, "fulfill", json.dumps({"order_id": order_id})),
                 "--dedup-key",
                 f"fulfill:{order_id}",
             ],
@@ -570,12 +555,7 @@ def test_installed_entry_point_enqueues_and_worker_burst_processes_the_jobs(shop
         assert enqueued.stdout.strip() == f"job {order_id} enqueued: fulfill on queue orders"
     duplicate = run_process(
         [
-            "--app",
-            shop.app_path,
-            "enqueue",
-            "fulfill",
-            "--kwargs",
-            '{"order_id": 1}',
+            *enqueue_args(shop, "fulfill", '{"order_id": 1}'),
             "--dedup-key",
             "fulfill:1",
         ],
@@ -648,21 +628,11 @@ def test_worker_process_finishes_its_running_job_on_sigterm_and_exits_0(shop: Sh
     the process exits 0 (R2, DESIGN invariant 9; issue #2 worker shutdown)."""
     go = shop.directory / "go"
     run(
-        "--app",
-        shop.app_path,
-        "enqueue",
-        "fulfill",
-        "--kwargs",
-        json.dumps({"order_id": 1, "wait_for": str(go)}),
+        *enqueue_args(shop, "fulfill", json.dumps({"order_id": 1, "wait_for": str(go)})),
     )
     started = shop.directory / "go.started"
     run(
-        "--app",
-        shop.app_path,
-        "enqueue",
-        "fulfill",
-        "--kwargs",
-        '{"order_id": 2}',
+        *enqueue_args(shop, "fulfill", '{"order_id": 2}'),
         "--delay-s",
         "3600",
     )
@@ -687,12 +657,7 @@ def test_a_second_sigterm_releases_running_jobs_without_waiting_out_the_grace(
     (DESIGN invariant 9; the worker's documented second-signal behaviour)."""
     never = shop.directory / "never-created"
     run(
-        "--app",
-        shop.app_path,
-        "enqueue",
-        "fulfill",
-        "--kwargs",
-        json.dumps({"order_id": 1, "wait_for": str(never)}),
+        *enqueue_args(shop, "fulfill", json.dumps({"order_id": 1, "wait_for": str(never)})),
     )
     started = shop.directory / "never-created.started"
     with worker_process(shop, "--grace-s", "120") as proc:

@@ -127,18 +127,23 @@ def shell_commands(block: Block) -> list[tuple[str, int]]:
     return commands
 
 
-def run_python(block: Block, workdir: Path) -> None:
-    script = workdir / f"_example_line_{block.line}.py"
-    script.write_text(block.code)
-    done = subprocess.run(
-        [sys.executable, script.name],
+def run_in(workdir: Path, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run an example's command in its folder, without JOBGUARD_* from the outside."""
+    return subprocess.run(
+        command,
         cwd=workdir,
         env=clean_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
-        check=False,
+        check=False,  # the caller asserts the exit code, with the output in the message
     )
+
+
+def run_python(block: Block, workdir: Path) -> None:
+    script = workdir / f"_example_line_{block.line}.py"
+    script.write_text(block.code)
+    done = run_in(workdir, [sys.executable, script.name])
     assert done.returncode == 0, f"{block.where} failed:\n{done.stdout}\n{done.stderr}"
 
 
@@ -148,15 +153,7 @@ def write_module(block: Block, workdir: Path) -> None:
     target.write_text(block.code)
     if target.suffix == ".py":
         module = ".".join(target.relative_to(workdir).with_suffix("").parts)
-        done = subprocess.run(
-            [sys.executable, "-c", f"import {module}"],
-            cwd=workdir,
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
+        done = run_in(workdir, [sys.executable, "-c", f"import {module}"])
         assert done.returncode == 0, f"{block.where}: {module} does not import:\n{done.stderr}"
 
 
@@ -204,15 +201,7 @@ def run_shell(block: Block, workdir: Path) -> None:
 def run_shell_command(
     block: Block, command: str, args: list[str], cwd: Path, expected: int
 ) -> None:
-    done = subprocess.run(
-        [*entry_point(), *args],
-        cwd=cwd,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+    done = run_in(cwd, [*entry_point(), *args])
     assert done.returncode == expected, (
         f"{block.where}: `{command}` exited {done.returncode}, expected {expected}:\n"
         f"{done.stdout}\n{done.stderr}"

@@ -78,21 +78,28 @@ def register(app: App, settings: DemoSettings, sabotage: Sabotage | None = None)
     return _register_safe(app, settings, sabotage, connections)
 
 
+def _retry_options(settings: DemoSettings) -> dict[str, Any]:
+    """What both modes share: the task's identity, retry policy and what counts as fatal."""
+    return {
+        "name": TASK_NAME,
+        "queue": QUEUE,
+        "max_attempts": settings.max_attempts,
+        "backoff_base_s": settings.backoff_base_s,
+        "backoff_cap_s": settings.backoff_cap_s,
+        "poison_threshold": settings.poison_threshold,
+        "fatal": (shop.ValidationError,),
+    }
+
+
 def _register_safe(
     app: App, settings: DemoSettings, sabotage: Sabotage, connections: _Connections
 ) -> Task:
     @app.task(
-        name=TASK_NAME,
-        queue=QUEUE,
+        **_retry_options(settings),
         operation_key=OPERATION_KEY,
         resource_key=RESOURCE_KEY,
         visibility_timeout_s=settings.visibility_timeout_s,
         lock_ttl_s=settings.lock_ttl_s,
-        max_attempts=settings.max_attempts,
-        backoff_base_s=settings.backoff_base_s,
-        backoff_cap_s=settings.backoff_cap_s,
-        poison_threshold=settings.poison_threshold,
-        fatal=(shop.ValidationError,),
     )
     def fulfill_order(ctx: Context, order_id: int) -> dict[str, Any]:
         """Cut stock, create the invoice, send the confirmation: each exactly once (R4, R9)."""
@@ -124,16 +131,7 @@ def _register_safe(
 def _register_unsafe(
     app: App, settings: DemoSettings, sabotage: Sabotage, connections: _Connections
 ) -> Task:
-    @app.task(
-        name=TASK_NAME,
-        queue=QUEUE,
-        visibility_timeout_s=settings.unsafe_visibility_timeout_s,
-        max_attempts=settings.max_attempts,
-        backoff_base_s=settings.backoff_base_s,
-        backoff_cap_s=settings.backoff_cap_s,
-        poison_threshold=settings.poison_threshold,
-        fatal=(shop.ValidationError,),
-    )
+    @app.task(**_retry_options(settings), visibility_timeout_s=settings.unsafe_visibility_timeout_s)
     def fulfill_order(ctx: Context, order_id: int) -> dict[str, Any]:
         """The article's broken handler: every run does every effect again."""
         conn = connections.get()
