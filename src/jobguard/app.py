@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
-from jobguard.backends import DEFAULT_URL, open_backend
+from jobguard.backends import DEFAULT_URL, check_store_url, open_backend
 from jobguard.backends.base import Backend
 from jobguard.core.retry import RetryPolicy
 from jobguard.exceptions import (
@@ -91,7 +91,10 @@ class App:
             if timeout_s <= 0:
                 raise ConfigurationError(f"queue {queue!r}: visibility timeout must be > 0")
             self.queue_visibility_timeouts_s[check_queue_name(queue)] = float(timeout_s)
-        self.url = url or (backend.url if backend is not None else DEFAULT_URL)
+        if backend is not None:
+            self.url = backend.url
+        else:
+            self.url = check_store_url(DEFAULT_URL if url is None else url)
         self._backend = backend
         self._backend_lock = threading.Lock()
         self.max_payload_bytes = max_payload_bytes

@@ -4,6 +4,7 @@
 
     JobGuardError
     ├── ConfigurationError          bad task options, bad URL, unknown backend
+    │   └── SchemaVersionError      the store's schema is not the version this jobguard knows
     ├── EnqueueError                a job was refused at the door; nothing was stored
     │   ├── PayloadError            not JSON, too large, not a mapping
     │   ├── KeyTemplateError        an operation/resource key template that cannot be built stably
@@ -11,6 +12,8 @@
     ├── NotFoundError               no job / operation / dead job with that id
     ├── DuplicateJobError           a replay would make a second live job for one dedup key
     ├── StoreUnavailableError       the database went away or is locked past its timeout
+    │   └── StoreBrokenError        the store cannot be used as it is (retrying will not help)
+    ├── StepSQLError                the SQL of a ``db_step`` function failed (wraps the driver's)
     ├── GuardLost                   this worker no longer owns the delivery; its writes are refused
     │   ├── LeaseLostError          the lease token is stale (redelivered, released, finished)
     │   └── StaleFenceError         a newer lock holder exists (its fencing token is older)
@@ -32,6 +35,10 @@ class JobGuardError(Exception):
 
 class ConfigurationError(JobGuardError):
     """A task, app or worker was configured with options that cannot work."""
+
+
+class SchemaVersionError(ConfigurationError):
+    """The store's schema is older or newer than this jobguard; the message says what to run."""
 
 
 class EnqueueError(JobGuardError):
@@ -60,6 +67,21 @@ class DuplicateJobError(JobGuardError):
 
 class StoreUnavailableError(JobGuardError):
     """The backing store could not be reached or stayed locked past its timeout."""
+
+
+class StoreBrokenError(StoreUnavailableError):
+    """The store cannot be used as it is: read-only, or its file deleted or replaced.
+
+    A worker stops on it instead of retrying, and says why.
+    """
+
+
+class StepSQLError(JobGuardError):
+    """A statement of a ``ctx.db_step()`` function failed; the driver's error is ``__cause__``.
+
+    Nothing of the step committed. Raised the same way on every SQL backend, so a handler never
+    imports a database driver to recognise it.
+    """
 
 
 class GuardLost(JobGuardError):

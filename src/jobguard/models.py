@@ -44,6 +44,24 @@ class Outcome(StrEnum):
     FENCE_REFUSED = "fence_refused"
 
 
+class DeadCode(StrEnum):
+    """Why a job is in the dead letter queue, as the store records it."""
+
+    FATAL = "fatal"  # the handler raised an error that is never retried
+    EXHAUSTED = "exhausted"  # every allowed delivery failed
+    POISON = "poison"  # the same error again and again
+    UNRUNNABLE = "unrunnable"  # unknown task or a payload the handler cannot take
+    LOST = "lost"  # the last allowed delivery never reported back (its worker died)
+    WAITED = "waited"  # waited for a busy resource longer than allowed
+
+
+class BusyReason(StrEnum):
+    """Why a delivery could not begin: someone else holds what it needs."""
+
+    LOCK = "lock"  # the resource lock is held by a live owner
+    OPERATION = "operation"  # another live delivery claims the operation record
+
+
 def to_datetime(ts: float | None) -> datetime | None:
     """Convert store seconds to an aware UTC datetime (``None`` stays ``None``)."""
     return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
@@ -65,6 +83,8 @@ class JobSpec:
     lock_ttl_s: float | None = None
     dedup_key: str | None = None
     dedup_window_s: float = 0.0
+    headers: str | None = None
+    """Context carried with the job (a JSON object as text), e.g. the enqueuer's trace."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +110,8 @@ class Job:
     dedup_key: str | None
     last_error: str | None
     dead_reason: str | None
+    dead_code: DeadCode | None = None
+    headers: str | None = None
     deduplicated: bool = False
     """True when enqueue returned an existing job instead of storing a new one (R5.1)."""
 
@@ -115,6 +137,7 @@ class Delivery:
     lock_ttl_s: float | None
     error_signature: str | None
     same_error_count: int
+    headers: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

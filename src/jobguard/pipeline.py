@@ -34,9 +34,10 @@ from jobguard.backends.base import (
     FinishRequest,
 )
 from jobguard.context import Context, InFlight
+from jobguard.core import messages
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
 from jobguard.exceptions import Fatal, GuardLost, LeaseLostError, StaleFenceError
-from jobguard.models import Delivery, Guard, OperationStatus, Outcome
+from jobguard.models import DeadCode, Delivery, Guard, OperationStatus, Outcome
 
 if TYPE_CHECKING:
     from jobguard.hooks import Hooks
@@ -117,11 +118,15 @@ class Pipeline:
         refusals = self.backend.finish_many(acks)
         results: list[Settled] = []
         for (inflight, settled), refusal, ack in zip(batch, refusals, acks, strict=True):
-            final = (
-                Settled(settled.outcome, settled.reason)
-                if refusal is None
-                else self._refused(inflight, refusal, ack.closing)
-            )
+            if refusal is None:
+                final = Settled(settled.outcome, settled.reason)
+            elif isinstance(refusal, GuardLost):
+                final = self._refused(inflight, refusal, ack.closing)
+            else:
+                # This one finish could not be written: the job is left to its lease and runs
+                # again (its steps are skipped); the rest of the batch was acked.
+                self.hooks.store_error("ack", refusal)
+                final = Settled(Outcome.LOST, f"not acked: {refusal}")
             self.hooks.delivery_settled(inflight.delivery, final.outcome, ack.closing.duration_s)
             results.append(final)
         return results
@@ -133,7 +138,7 @@ class Pipeline:
         return BeginRequest(
             resource_key=delivery.resource_key,
             lock_owner=f"{self.worker_id}/{secrets.token_hex(8)}",
-            lock_ttl_s=delivery.lock_ttl_s or task.lock_ttl_s,
+            lock_ttl_s=task.lock_ttl_s,  # the worker's definition, not the enqueuer's copy
             operation_key=delivery.operation_key,
         )
 
@@ -165,9 +170,17 @@ class Pipeline:
             return Closing(duration)
         return Closing(duration, steps_run=ctx.steps_run, steps_skipped=ctx.steps_skipped)
 
-    def _bury_unrunnable(self, inflight: InFlight, reason: str, started: float) -> Settled:
+    def _bury_unrunnable(
+        self,
+        inflight: InFlight,
+        reason: str,
+        started: float,
+        code: DeadCode = DeadCode.UNRUNNABLE,
+    ) -> Settled:
         error = ErrorInfo(type="Unrunnable", message=reason)
-        self.backend.bury(inflight.guard, self._closing(started), reason=reason, error=error)
+        self.backend.bury(
+            inflight.guard, self._closing(started), code=code, reason=reason, error=error
+        )
         return Settled(Outcome.DEAD, reason)
 
     def _arguments(self, delivery: Delivery, task: Task) -> dict[str, Any] | str:
@@ -203,7 +216,8 @@ class Pipeline:
                 _hold(inflight, begun, request)
         if begun is not None:
             if begun.busy is not None:
-                return self._defer(inflight, task, started, begun.busy)
+                reason = messages.busy(begun.busy, delivery.resource_key, delivery.operation_key)
+                return self._defer(inflight, task, started, reason)
             operation = begun.operation
             if operation is not None and operation.status == OperationStatus.COMPLETED:
                 ack = FinishRequest(
@@ -260,6 +274,7 @@ class Pipeline:
                 inflight,
                 f"{reason}; waited {waited_s:.0f}s, longer than max_defer_s={task.max_defer_s:g}",
                 started,
+                DeadCode.WAITED,
             )
         delay = deferral_delay_s(delivery.deferrals, self.rng)
         self.backend.defer(inflight.guard, self._closing(started), delay_s=delay, reason=reason)
@@ -298,6 +313,7 @@ class Pipeline:
         self.backend.bury(
             inflight.guard,
             closing,
+            code=decision.code or DeadCode.FATAL,
             reason=decision.reason,
             error=error,
             operation_key=delivery.operation_key,

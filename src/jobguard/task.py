@@ -116,6 +116,11 @@ class Task:
                 f"task {name!r}: the handler must take ctx as its first argument"
             )
         argument_names = set(params[1:])
+        if "connection" in argument_names:
+            raise ConfigurationError(
+                f"task {name!r}: the handler argument name 'connection' is reserved "
+                "(enqueue(connection=...) names the transaction a job is written in); rename it"
+            )
         accepts_any = any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in self.signature.parameters.values()
         )
@@ -174,14 +179,26 @@ class Task:
             ),
         )
 
-    def enqueue(self, /, **kwargs: Any) -> Job:
-        """Schedule the task with these arguments; returns the stored (or deduplicated) job."""
-        return self.app.backend.enqueue(self.build_spec(kwargs, CallOptions()))
+    def enqueue(self, /, *, connection: Any = None, **kwargs: Any) -> Job:
+        """Schedule the task with these arguments; returns the stored (or deduplicated) job.
 
-    def enqueue_many(self, arguments: Iterable[Mapping[str, Any]]) -> list[Job]:
-        """Schedule one job per argument mapping, all in one transaction (all or none)."""
+        With ``connection`` (your own open connection to the store's database: a psycopg
+        connection on PostgreSQL, a ``sqlite3`` connection to the store's file on SQLite) the
+        job is written in your transaction: it exists if and only if your transaction commits.
+        """
+        return self.app.backend.enqueue(
+            self.build_spec(kwargs, CallOptions()), connection=connection
+        )
+
+    def enqueue_many(
+        self, arguments: Iterable[Mapping[str, Any]], *, connection: Any = None
+    ) -> list[Job]:
+        """Schedule one job per argument mapping, all in one transaction (all or none).
+
+        ``connection`` as in :meth:`enqueue`.
+        """
         specs = [self.build_spec(kwargs, CallOptions()) for kwargs in arguments]
-        return self.app.backend.enqueue_many(specs)
+        return self.app.backend.enqueue_many(specs, connection=connection)
 
     def build_spec(self, kwargs: Mapping[str, Any], options: CallOptions) -> JobSpec:
         """Validate arguments and options and build the :class:`JobSpec` (no I/O)."""
@@ -232,6 +249,8 @@ class BoundCall:
         """Change some options further."""
         return BoundCall(self.task, replace(self.call_options, **changes))
 
-    def enqueue(self, /, **kwargs: Any) -> Job:
-        """Schedule the task with these arguments and the bound options."""
-        return self.task.app.backend.enqueue(self.task.build_spec(kwargs, self.call_options))
+    def enqueue(self, /, *, connection: Any = None, **kwargs: Any) -> Job:
+        """Schedule the task with these arguments and the bound options (see
+        :meth:`Task.enqueue` for ``connection``)."""
+        spec = self.task.build_spec(kwargs, self.call_options)
+        return self.task.app.backend.enqueue(spec, connection=connection)

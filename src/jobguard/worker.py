@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from jobguard.backends.base import DeliveryRules
 from jobguard.context import InFlight
-from jobguard.exceptions import ConfigurationError, JobGuardError
+from jobguard.exceptions import ConfigurationError, JobGuardError, StoreBrokenError
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Delivery, Outcome
 from jobguard.pipeline import Pipeline, Settled, guard_of
@@ -112,6 +113,12 @@ class Worker:
         self._acker = threading.Thread(target=self._ack_loop, name="jobguard-acker", daemon=True)
         self._stopping = threading.Event()
         self._pipeline = Pipeline(app.backend, app.tasks, self.worker_id, app.hooks)
+        # This worker's own task definitions decide each delivery's lease and attempt limit.
+        self._rules = {
+            name: DeliveryRules(task.visibility_timeout_s, task.policy.max_attempts)
+            for name, task in app.tasks.items()
+        }
+        self.failure: StoreBrokenError | None = None
         self._heartbeat = Heartbeat(app.backend, self._snapshot, app.hooks)
 
     # -- public ---------------------------------------------------------------------------------
@@ -148,7 +155,6 @@ class Worker:
         limit = self.concurrency + self.prefetch
         # Refill when the buffer ran below one batch of work, so fetches stay batched.
         refill_at = limit - max(1, self.prefetch, self.concurrency // 2)
-        idle_sleep = 0.001
         while not self._stopping.is_set():
             with self._slot_freed:
                 # Deliveries waiting only for their batched ack hold no handler thread.
@@ -161,23 +167,39 @@ class Worker:
             if self._stopping.is_set():
                 return
             try:
-                deliveries = self.app.backend.fetch(self.queues, room, self.worker_id)
+                deliveries = self.app.backend.fetch(self.queues, room, self.worker_id, self._rules)
+            except StoreBrokenError as exc:
+                self._fail(exc)
+                return
             except JobGuardError as exc:
                 self.app.hooks.store_error("fetch", exc)
                 log.warning("fetch failed, retrying: %s", exc)
                 self._stopping.wait(min(1.0, self.poll_interval_s * 2))
                 continue
             if deliveries:
-                idle_sleep = 0.001
                 self._accept(deliveries)
                 continue
             with self._inflight_lock:
                 idle = not self._inflight
             if burst and idle:
                 return
-            # Empty queue: back off gently up to the poll interval.
-            self._stopping.wait(idle_sleep)
-            idle_sleep = min(self.poll_interval_s, idle_sleep * 2)
+            # Nothing ready: sleep until an enqueue wakes us, polling as the fallback (delayed
+            # jobs and retries become ready with no wake-up).
+            try:
+                self.app.backend.wait_for_jobs(self.queues, self.poll_interval_s)
+            except StoreBrokenError as exc:
+                self._fail(exc)
+                return
+            except JobGuardError as exc:
+                self.app.hooks.store_error("wait", exc)
+                self._stopping.wait(self.poll_interval_s)
+
+    def _fail(self, exc: StoreBrokenError) -> None:
+        """The store cannot be used as it is: stop taking work and say why."""
+        log.error("stopping: %s", exc)
+        self.app.hooks.store_error("fetch", exc)
+        self.failure = exc
+        self._stopping.set()
 
     def _accept(self, deliveries: list[Delivery]) -> None:
         items = [InFlight(delivery, guard_of(delivery), None) for delivery in deliveries]

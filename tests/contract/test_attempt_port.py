@@ -10,7 +10,7 @@ from typing import Any
 from jobguard.backends.base import Backend, Closing, ErrorInfo
 from jobguard.models import Guard, JobSpec, Outcome
 from jobguard.testing import ControlledClock
-from tests.support.ports import fetch_one, guard_of
+from tests.support.ports import begin_operation, fetch_one, finish, guard_of
 
 
 def make_spec(**changes: Any) -> JobSpec:
@@ -40,9 +40,10 @@ def test_a_finished_attempt_row_carries_every_r8_1_field(
     (running,) = backend.attempts(job_id=job.id)
     assert (running.lock_owner, running.fence, running.ended_at) == ("host-a/123/x", 1, None)
     assert running.outcome == Outcome.RUNNING
-    backend.begin_operation(guard, "fulfill-order:7", "order:7")
+    begin_operation(backend, guard, "fulfill-order:7", "order:7")
     clock.advance(3.0)
-    backend.finish(
+    finish(
+        backend,
         guard,
         Closing(duration_s=2.75, steps_run=2, steps_skipped=1),
         operation_key="fulfill-order:7",
@@ -98,7 +99,7 @@ def test_every_delivery_gets_its_own_row_whatever_its_outcome(
     backend.defer(guard_of(fetch_one(backend)), Closing(0.1), delay_s=0.0, reason="busy")
     backend.release([guard_of(fetch_one(backend))])
     final = fetch_one(backend)
-    backend.finish(guard_of(final), Closing(0.1))
+    finish(backend, guard_of(final), Closing(0.1))
     rows = backend.attempts(job_id=job.id)
     assert [r.outcome for r in rows] == [
         Outcome.RETRY,
@@ -120,7 +121,7 @@ def test_attempts_of_an_operation_span_every_job_that_carried_its_key(backend: B
     backend.enqueue(make_spec(operation_key="op:2"))
     second = backend.enqueue(make_spec(operation_key="op:1"))
     for delivery in backend.fetch(["default"], 10, "w1"):
-        backend.finish(guard_of(delivery), Closing(0.1))
+        finish(backend, guard_of(delivery), Closing(0.1))
     rows = backend.attempts(operation_key="op:1")
     assert [r.job_id for r in rows] == [first.id, second.id]
     assert {r.operation_key for r in rows} == {"op:1"}

@@ -16,6 +16,8 @@ import pytest
 from jobguard.backends.base import Backend, BeginRequest, Closing, ErrorInfo
 from jobguard.exceptions import GuardLost, LeaseLostError, StaleFenceError
 from jobguard.models import (
+    BusyReason,
+    DeadCode,
     Guard,
     JobSpec,
     JobStatus,
@@ -25,7 +27,7 @@ from jobguard.models import (
     Outcome,
 )
 from jobguard.testing import ControlledClock
-from tests.support.ports import guard_of
+from tests.support.ports import begin_operation, finish, guard_of
 
 CLOSING = Closing(duration_s=0.1)
 ERROR = ErrorInfo(type="ConnectionError", message="reset")
@@ -107,7 +109,7 @@ def test_begin_operation_creates_the_record_and_claims_it(
 ) -> None:
     """R4.2: the first delivery creates the record as ``processing`` with attempt count 1."""
     guard = locked(backend, deliver(backend), "order:42", 30.0)
-    operation = backend.begin_operation(guard, KEY, "order:42")
+    operation = begin_operation(backend, guard, KEY, "order:42")
     assert operation is not None
     assert (operation.key, operation.status, operation.resource_key) == (
         KEY,
@@ -130,10 +132,10 @@ def test_a_completed_operation_is_returned_without_a_claim(
 ) -> None:
     """R4.3, invariant 3: a later delivery of a completed operation sees it done, claims nothing."""
     first = deliver(backend)
-    assert backend.begin_operation(first, KEY, None) is not None
+    assert begin_operation(backend, first, KEY, None) is not None
     backend.put_step(first, KEY, "render", '"pdf-1"')
-    backend.finish(
-        first, CLOSING, operation_key=KEY, result_json='{"ok": true}', external_ref="x-1"
+    finish(
+        backend, first, CLOSING, operation_key=KEY, result_json='{"ok": true}', external_ref="x-1"
     )
     completed = backend.get_operation(KEY)
     assert completed is not None
@@ -143,9 +145,9 @@ def test_a_completed_operation_is_returned_without_a_claim(
 
     clock.advance(5.0)
     second = deliver(backend)  # e.g. a replay, or the same key enqueued again
-    seen = backend.begin_operation(second, KEY, None)
+    seen = begin_operation(backend, second, KEY, None)
     assert seen == completed
-    backend.finish(second, CLOSING, outcome=Outcome.ALREADY_PROCESSED)
+    finish(backend, second, CLOSING, outcome=Outcome.ALREADY_PROCESSED)
     assert backend.get_operation(KEY) == completed
     assert backend.attempts(job_id=second.job_id)[0].outcome == Outcome.ALREADY_PROCESSED
 
@@ -153,9 +155,9 @@ def test_a_completed_operation_is_returned_without_a_claim(
 def test_a_live_claim_by_another_delivery_makes_begin_return_none(backend: Backend) -> None:
     """R4.2: two live deliveries of one operation never both hold its claim (treat as busy)."""
     first = deliver(backend)
-    assert backend.begin_operation(first, KEY, None) is not None
+    assert begin_operation(backend, first, KEY, None) is not None
     second = deliver(backend)
-    assert backend.begin_operation(second, KEY, None) is None
+    assert begin_operation(backend, second, KEY, None) is None
     with pytest.raises(LeaseLostError):
         backend.put_step(second, KEY, "render", "1")
     assert stored(backend).steps == {}
@@ -166,10 +168,10 @@ def test_the_claim_of_an_expired_delivery_can_be_taken_and_the_old_claimant_lose
 ) -> None:
     """R4.4, R2.4: a claimant whose lease expired gives way; its later step writes are refused."""
     slow = deliver(backend, visibility_timeout_s=5.0)
-    assert backend.begin_operation(slow, KEY, None) is not None
+    assert begin_operation(backend, slow, KEY, None) is not None
     clock.advance(5.0)
     fresh = deliver(backend, visibility_timeout_s=60.0)
-    taken = backend.begin_operation(fresh, KEY, None)
+    taken = begin_operation(backend, fresh, KEY, None)
     assert taken is not None
     assert taken.status == OperationStatus.PROCESSING
     assert taken.attempts == 2
@@ -187,12 +189,12 @@ def test_begin_operation_is_refused_for_a_stale_lease_or_fence(
     clock.advance(5.0)
     backend.fetch(["default"], 10, "w2")  # redelivers it
     with pytest.raises(LeaseLostError):
-        backend.begin_operation(stale_lease, KEY, None)
+        begin_operation(backend, stale_lease, KEY, None)
     stale_fence = locked(backend, deliver(backend, operation_key="op:b"), "order:b", 5.0)
     clock.advance(5.0)
     assert backend.acquire_lock("order:b", "newer", 5.0) is not None
     with pytest.raises(StaleFenceError):
-        backend.begin_operation(stale_fence, "op:b", "order:b")
+        begin_operation(backend, stale_fence, "op:b", "order:b")
     assert backend.get_operation(KEY) is None
     assert backend.get_operation("op:b") is None
 
@@ -205,8 +207,8 @@ def test_finish_completes_operation_job_and_attempt_together_with_the_fence(
 ) -> None:
     """Issue 3 'finish atomically': operation completed + job acked + attempt closed + unlock."""
     guard = locked(backend, deliver(backend), "order:42", 30.0)
-    backend.begin_operation(guard, KEY, "order:42")
-    backend.finish(guard, CLOSING, operation_key=KEY, result_json="[1, 2]")
+    begin_operation(backend, guard, KEY, "order:42")
+    finish(backend, guard, CLOSING, operation_key=KEY, result_json="[1, 2]")
     operation = backend.get_operation(KEY)
     assert operation is not None
     assert (operation.status, operation.result, operation.fence) == (
@@ -229,7 +231,7 @@ def test_finish_with_a_stale_fence_is_refused_and_changes_nothing(
 ) -> None:
     """Invariant 5, R3.5: a paused holder whose lock was re-granted cannot complete or ack."""
     guard = locked(backend, deliver(backend, visibility_timeout_s=60.0), "order:42", 5.0)
-    backend.begin_operation(guard, KEY, "order:42")
+    begin_operation(backend, guard, KEY, "order:42")
     clock.advance(5.0)
     newer = backend.acquire_lock("order:42", "newer", 30.0)
     assert newer is not None
@@ -237,7 +239,7 @@ def test_finish_with_a_stale_fence_is_refused_and_changes_nothing(
     attempts_before = backend.attempts(job_id=guard.job_id)
     operation_before = backend.get_operation(KEY)
     with pytest.raises(StaleFenceError):
-        backend.finish(guard, CLOSING, operation_key=KEY, result_json='"stale"')
+        finish(backend, guard, CLOSING, operation_key=KEY, result_json='"stale"')
     assert backend.get_job(guard.job_id) == job_before
     assert backend.attempts(job_id=guard.job_id) == attempts_before
     assert backend.get_operation(KEY) == operation_before
@@ -247,7 +249,7 @@ def test_finish_with_a_stale_fence_is_refused_and_changes_nothing(
 def test_retry_gives_up_the_claim_but_keeps_the_operation_processing(backend: Backend) -> None:
     """R6.3: a retried delivery leaves its steps and lets the next delivery claim at once."""
     first = deliver(backend)
-    backend.begin_operation(first, KEY, None)
+    begin_operation(backend, first, KEY, None)
     backend.put_step(first, KEY, "cut-stock", '{"left": 9}')
     backend.retry(first, CLOSING, delay_s=0.0, error=ERROR, operation_key=KEY)
     operation = backend.get_operation(KEY)
@@ -257,7 +259,7 @@ def test_retry_gives_up_the_claim_but_keeps_the_operation_processing(backend: Ba
         "ConnectionError: reset",
     )
     second = guard_of(backend.fetch(["default"], 1, "w2")[0])
-    resumed = backend.begin_operation(second, KEY, None)
+    resumed = begin_operation(backend, second, KEY, None)
     assert resumed is not None
     assert resumed.steps == {"cut-stock": {"left": 9}}
 
@@ -265,8 +267,15 @@ def test_retry_gives_up_the_claim_but_keeps_the_operation_processing(backend: Ba
 def test_bury_marks_the_operation_failed(backend: Backend) -> None:
     """R4.2, R7.1: a dead job's operation records ``failed`` with the reason."""
     guard = deliver(backend)
-    backend.begin_operation(guard, KEY, None)
-    backend.bury(guard, CLOSING, reason="fatal error: bad card", error=ERROR, operation_key=KEY)
+    begin_operation(backend, guard, KEY, None)
+    backend.bury(
+        guard,
+        CLOSING,
+        code=DeadCode.FATAL,
+        reason="fatal error: bad card",
+        error=ERROR,
+        operation_key=KEY,
+    )
     operation = backend.get_operation(KEY)
     assert operation is not None
     assert (operation.status, operation.last_error) == (
@@ -278,10 +287,10 @@ def test_bury_marks_the_operation_failed(backend: Backend) -> None:
 def test_release_drops_the_claim_so_the_next_delivery_can_take_it(backend: Backend) -> None:
     """Invariant 9: a released delivery does not block its operation for the next worker."""
     first = deliver(backend)
-    backend.begin_operation(first, KEY, None)
+    begin_operation(backend, first, KEY, None)
     assert backend.release([first]) == 1
     second = guard_of(backend.fetch(["default"], 1, "w2")[0])
-    assert backend.begin_operation(second, KEY, None) is not None
+    assert begin_operation(backend, second, KEY, None) is not None
 
 
 # -- steps (R4.4) -------------------------------------------------------------------------------
@@ -292,12 +301,12 @@ def test_put_step_records_a_step_that_the_next_delivery_sees(
 ) -> None:
     """R4.4, invariant 4: a recorded step is returned with the operation on every later claim."""
     first = deliver(backend, visibility_timeout_s=5.0)
-    backend.begin_operation(first, KEY, None)
+    begin_operation(backend, first, KEY, None)
     backend.put_step(first, KEY, "render-pdf", '{"pages": 2}')
     assert stored(backend).steps == {"render-pdf": {"pages": 2}}
     clock.advance(5.0)
     (redelivered,) = backend.fetch(["default"], 1, "w2")
-    operation = backend.begin_operation(guard_of(redelivered), KEY, None)
+    operation = begin_operation(backend, guard_of(redelivered), KEY, None)
     assert operation is not None
     assert operation.steps == {"render-pdf": {"pages": 2}}
 
@@ -307,7 +316,7 @@ StaleGuard = Callable[[Backend, ControlledClock], Guard]
 
 def _stale_lease(backend: Backend, clock: ControlledClock) -> Guard:
     guard = deliver(backend, visibility_timeout_s=5.0)
-    backend.begin_operation(guard, KEY, None)
+    begin_operation(backend, guard, KEY, None)
     clock.advance(5.0)
     backend.fetch(["default"], 10, "w2")
     return guard
@@ -315,7 +324,7 @@ def _stale_lease(backend: Backend, clock: ControlledClock) -> Guard:
 
 def _stale_fence(backend: Backend, clock: ControlledClock) -> Guard:
     guard = locked(backend, deliver(backend, visibility_timeout_s=60.0), "order:42", 5.0)
-    backend.begin_operation(guard, KEY, "order:42")
+    begin_operation(backend, guard, KEY, "order:42")
     clock.advance(5.0)
     assert backend.acquire_lock("order:42", "newer", 30.0) is not None
     return guard
@@ -323,9 +332,9 @@ def _stale_fence(backend: Backend, clock: ControlledClock) -> Guard:
 
 def _lost_claim(backend: Backend, clock: ControlledClock) -> Guard:
     guard = deliver(backend, visibility_timeout_s=5.0)
-    backend.begin_operation(guard, KEY, None)
+    begin_operation(backend, guard, KEY, None)
     clock.advance(5.0)
-    assert backend.begin_operation(deliver(backend, visibility_timeout_s=60.0), KEY, None)
+    assert begin_operation(backend, deliver(backend, visibility_timeout_s=60.0), KEY, None)
     return guard
 
 
@@ -372,7 +381,7 @@ def test_db_step_runs_fn_once_and_returns_the_stored_result_afterwards(
 ) -> None:
     """R4.4, R4.6, invariant 4: the effect and its step record commit once; a retry skips it."""
     guard = deliver(backend, visibility_timeout_s=5.0)
-    backend.begin_operation(guard, KEY, None)
+    begin_operation(backend, guard, KEY, None)
     assert backend.db_step(guard, KEY, "schema", create_invoices, ()) == (True, "created")
     assert backend.db_step(guard, KEY, "invoice", insert_invoice, (42,)) == (
         True,
@@ -381,7 +390,7 @@ def test_db_step_runs_fn_once_and_returns_the_stored_result_afterwards(
     clock.advance(5.0)
     (redelivered,) = backend.fetch(["default"], 1, "w2")
     retry = guard_of(redelivered)
-    operation = backend.begin_operation(retry, KEY, None)
+    operation = begin_operation(backend, retry, KEY, None)
     assert operation is not None
     assert operation.steps["invoice"] == {"invoice_for": 42}
 
@@ -400,7 +409,7 @@ def test_db_step_that_raises_commits_neither_its_rows_nor_its_step_record(
 ) -> None:
     """Invariant 10, R4.4: the caller gets fn's own exception; its writes are rolled back."""
     guard = deliver(backend)
-    backend.begin_operation(guard, KEY, None)
+    begin_operation(backend, guard, KEY, None)
     backend.db_step(guard, KEY, "schema", create_invoices, ())
 
     def insert_then_fail(conn: Any, order_id: int) -> None:
@@ -419,7 +428,7 @@ def test_db_step_that_raises_commits_neither_its_rows_nor_its_step_record(
 def test_db_step_with_a_result_that_is_not_json_commits_nothing(backend: Backend) -> None:
     """Invariant 10: the step record must store the result, so an unstorable one undoes fn."""
     guard = deliver(backend)
-    backend.begin_operation(guard, KEY, None)
+    begin_operation(backend, guard, KEY, None)
     backend.db_step(guard, KEY, "schema", create_invoices, ())
 
     def insert_returning_a_set(conn: Any, order_id: int) -> set[int]:
@@ -437,7 +446,7 @@ def test_db_step_fn_cannot_end_the_step_transaction(backend: Backend, statement:
     """Invariant 10: fn may not commit (or roll back) on its own; its rows commit only with the
     step record, so an attempt to end the transaction fails the step and commits nothing."""
     guard = deliver(backend)
-    backend.begin_operation(guard, KEY, None)
+    begin_operation(backend, guard, KEY, None)
     backend.db_step(guard, KEY, "schema", create_invoices, ())
 
     def insert_then_end_transaction(conn: Any, order_id: int) -> None:
@@ -455,7 +464,7 @@ def test_db_step_fn_cannot_end_the_step_transaction(backend: Backend, statement:
 def test_db_step_business_unique_constraint_rejects_a_second_invoice(backend: Backend) -> None:
     """R4.6: a one-per-order constraint stops a second invoice even under another step name."""
     guard = deliver(backend)
-    backend.begin_operation(guard, KEY, None)
+    begin_operation(backend, guard, KEY, None)
     backend.db_step(guard, KEY, "schema", create_invoices, ())
     backend.db_step(guard, KEY, "invoice", insert_invoice, (42,))
     with pytest.raises(Exception, match=r"(?i)unique|primary|constraint"):
@@ -504,8 +513,7 @@ def test_begin_on_a_busy_resource_is_busy_and_claims_nothing(backend: Backend) -
     """R3.4: lock busy means the job waits; no operation record is created meanwhile."""
     assert backend.acquire_lock("order:42", "someone", 30.0) is not None
     begun = backend.begin(deliver(backend), request())
-    assert begun.busy is not None
-    assert "order:42" in begun.busy
+    assert begun.busy is BusyReason.LOCK
     assert (begun.grant, begun.operation) == (None, None)
     assert backend.get_operation(KEY) is None
 
@@ -518,8 +526,7 @@ def test_begin_on_an_operation_claimed_elsewhere_is_busy_and_keeps_no_lock(
     assert backend.begin(first, request(resource_key="order:1", lock_owner="w1/a")).busy is None
     second = deliver(backend)
     begun = backend.begin(second, request(resource_key="order:2", lock_owner="w2/b"))
-    assert begun.busy is not None
-    assert KEY in begun.busy
+    assert begun.busy is BusyReason.OPERATION
     assert (begun.grant, begun.operation) == (None, None)
     assert backend.acquire_lock("order:2", "third", 5.0) is not None
     # The attempt log does not claim a lock this delivery gave straight back (R8.1).
@@ -531,7 +538,7 @@ def test_begin_of_a_completed_operation_returns_it_without_a_claim(backend: Back
     """R4.3, invariant 3: an already-processed operation comes back completed and unclaimed."""
     first = deliver(backend)
     locked_first = replace(first, lock=backend.begin(first, request()).grant)
-    backend.finish(locked_first, CLOSING, operation_key=KEY, result_json='"done"')
+    finish(backend, locked_first, CLOSING, operation_key=KEY, result_json='"done"')
     completed = stored(backend)
     again = backend.begin(deliver(backend), request(lock_owner="w2/b"))
     assert again.busy is None

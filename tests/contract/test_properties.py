@@ -38,9 +38,10 @@ from jobguard.backends.base import Backend, Closing, ErrorInfo
 from jobguard.core import fencing
 from jobguard.core.states import Event, next_status
 from jobguard.exceptions import LeaseLostError, NotFoundError
-from jobguard.models import Delivery, Guard, JobSpec, JobStatus, LockGrant, Outcome
+from jobguard.models import DeadCode, Delivery, Guard, JobSpec, JobStatus, LockGrant, Outcome
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import BACKENDS
+from tests.support.ports import finish
 
 MACHINE_SETTINGS = settings(
     max_examples=100,
@@ -263,13 +264,13 @@ class JobMachine(StoreMachine):
         if event is Event.RELEASE:
             return backend.release([guard])
         if event is Event.FINISH:
-            backend.finish(guard, CLOSING)
+            finish(backend, guard, CLOSING)
         elif event is Event.RETRY:
             backend.retry(guard, CLOSING, delay_s=delay_s, error=ERROR)
         elif event is Event.DEFER:
             backend.defer(guard, CLOSING, delay_s=delay_s, reason="busy")
         else:
-            backend.bury(guard, CLOSING, reason="fatal", error=ERROR)
+            backend.bury(guard, CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR)
         return None
 
     def _kind(self, delivery: Delivery) -> str:
@@ -373,19 +374,6 @@ class JobMachine(StoreMachine):
         job.status = next_status(job.status, Event.REPLAY)
         job.attempts = 0
         job.available_at = self.clock()
-
-    @precondition(lambda self: self.model)
-    @rule(pick=PICK)
-    def bury_queued(self, pick: int) -> None:
-        """An unrunnable queued job goes to the DLQ; any other job is left alone."""
-        job_id = sorted(self.model)[pick % len(self.model)]
-        job = self.model[job_id]
-        before = self._snapshot(job_id)
-        self.backend.bury_queued(job_id, "unrunnable")
-        if job.status == JobStatus.QUEUED:
-            job.status = next_status(job.status, Event.BURY)
-        else:
-            assert self._snapshot(job_id) == before
 
     @rule(step_s=STEPS_S)
     def advance(self, step_s: float) -> None:

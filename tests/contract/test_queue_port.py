@@ -13,9 +13,9 @@ import pytest
 
 from jobguard.backends.base import Backend, Closing, ErrorInfo, FinishRequest, Renewal
 from jobguard.exceptions import DuplicateJobError, JobGuardError, LeaseLostError, NotFoundError
-from jobguard.models import Guard, Job, JobSpec, JobStatus, Outcome
+from jobguard.models import DeadCode, Guard, Job, JobSpec, JobStatus, Outcome
 from jobguard.testing import ControlledClock
-from tests.support.ports import fetch_one, guard_of
+from tests.support.ports import begin_operation, fetch_one, finish, guard_of
 
 CLOSING = Closing(duration_s=0.25)
 ERROR = ErrorInfo(type="TimeoutError", message="upstream slow", traceback="tb", signature="s1")
@@ -89,7 +89,7 @@ def test_dedup_key_returns_the_existing_job_while_it_is_queued_or_running(
 def test_dedup_key_is_free_once_the_job_completed_without_a_window(backend: Backend) -> None:
     """R5.2: with ``dedup_window_s=0`` the key is held only while the job is pending or running."""
     first = backend.enqueue(make_spec(dedup_key="k"))
-    backend.finish(guard_of(fetch_one(backend)), CLOSING)
+    finish(backend, guard_of(fetch_one(backend)), CLOSING)
     second = backend.enqueue(make_spec(dedup_key="k"))
     assert second.id != first.id
     assert second.deduplicated is False
@@ -100,7 +100,7 @@ def test_dedup_window_holds_the_key_for_n_seconds_after_completion_then_frees_it
 ) -> None:
     """R5.2: ``dedup_window_s=60`` keeps returning the completed job for 60 s, then not."""
     first = backend.enqueue(make_spec(dedup_key="hook:7", dedup_window_s=60.0))
-    backend.finish(guard_of(fetch_one(backend)), CLOSING)
+    finish(backend, guard_of(fetch_one(backend)), CLOSING)
     clock.advance(59.0)
     inside = backend.enqueue(make_spec(dedup_key="hook:7", dedup_window_s=60.0))
     assert inside.id == first.id
@@ -115,7 +115,9 @@ def test_dedup_window_holds_the_key_for_n_seconds_after_completion_then_frees_it
 def test_a_dead_job_does_not_hold_its_dedup_key(backend: Backend) -> None:
     """R5.2: a job in the dead letter queue is not a live duplicate; a new enqueue is stored."""
     first = backend.enqueue(make_spec(dedup_key="k", dedup_window_s=600.0))
-    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="fatal", error=ERROR)
+    backend.bury(
+        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR
+    )
     second = backend.enqueue(make_spec(dedup_key="k", dedup_window_s=600.0))
     assert second.id != first.id
     assert second.deduplicated is False
@@ -300,10 +302,12 @@ def test_renew_reports_a_stale_lease_and_a_stale_lock_as_not_ok_and_extends_neit
 StaleWrite = Callable[[Backend, Guard], object]
 
 STALE_WRITES: dict[str, StaleWrite] = {
-    "finish": lambda b, g: b.finish(g, CLOSING, operation_key="op", result_json="1"),
+    "finish": lambda b, g: finish(b, g, CLOSING, operation_key="op", result_json="1"),
     "retry": lambda b, g: b.retry(g, CLOSING, delay_s=1.0, error=ERROR, operation_key="op"),
     "defer": lambda b, g: b.defer(g, CLOSING, delay_s=1.0, reason="busy"),
-    "bury": lambda b, g: b.bury(g, CLOSING, reason="fatal", error=ERROR, operation_key="op"),
+    "bury": lambda b, g: b.bury(
+        g, CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR, operation_key="op"
+    ),
 }
 
 
@@ -316,13 +320,13 @@ def test_a_write_with_a_redelivered_lease_is_refused_and_changes_nothing(
     stale = fetch_one(backend, worker="w1")
     clock.advance(10.0)
     current = fetch_one(backend, worker="w2")
-    assert backend.begin_operation(guard_of(current), "op", None) is not None
+    assert begin_operation(backend, guard_of(current), "op", None) is not None
     before = snapshot(backend, job.id), backend.get_operation("op")
     with pytest.raises(LeaseLostError):
         STALE_WRITES[write](backend, guard_of(stale))
     assert (snapshot(backend, job.id), backend.get_operation("op")) == before
     # The current delivery still owns the job and can finish it.
-    backend.finish(guard_of(current), CLOSING, operation_key="op", result_json="1")
+    finish(backend, guard_of(current), CLOSING, operation_key="op", result_json="1")
     assert backend.get_job(job.id).status == JobStatus.COMPLETED
 
 
@@ -331,7 +335,7 @@ def test_a_second_write_after_the_delivery_settled_is_refused(backend: Backend, 
     """Invariant 2: once finished, the same lease cannot ack, retry, defer or bury again."""
     job = backend.enqueue(make_spec())
     delivery = fetch_one(backend)
-    backend.finish(guard_of(delivery), CLOSING)
+    finish(backend, guard_of(delivery), CLOSING)
     before = snapshot(backend, job.id)
     with pytest.raises(LeaseLostError):
         STALE_WRITES[write](backend, guard_of(delivery))
@@ -361,7 +365,7 @@ def test_finish_completes_the_job_and_closes_its_attempt(
     job = backend.enqueue(make_spec())
     delivery = fetch_one(backend)
     clock.advance(2.0)
-    backend.finish(guard_of(delivery), CLOSING)
+    finish(backend, guard_of(delivery), CLOSING)
     done = backend.get_job(job.id)
     assert (done.status, done.finished_at, done.attempts) == (JobStatus.COMPLETED, clock(), 1)
     (row,) = backend.attempts(job_id=job.id)
@@ -431,7 +435,13 @@ def test_bury_moves_the_job_to_the_dead_letter_queue_with_reason_and_error(
 ) -> None:
     """R7.1: a buried job keeps its payload, reason and error; its attempt closes as dead."""
     job = backend.enqueue(make_spec())
-    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="fatal error: bad", error=ERROR)
+    backend.bury(
+        guard_of(fetch_one(backend)),
+        CLOSING,
+        code=DeadCode.FATAL,
+        reason="fatal error: bad",
+        error=ERROR,
+    )
     dead = backend.get_job(job.id)
     assert (dead.status, dead.dead_reason, dead.finished_at) == (
         JobStatus.DEAD,
@@ -442,15 +452,6 @@ def test_bury_moves_the_job_to_the_dead_letter_queue_with_reason_and_error(
     assert dead.payload == job.payload
     (row,) = backend.attempts(job_id=job.id)
     assert (row.outcome, row.traceback) == (Outcome.DEAD, "tb")
-    assert backend.fetch(["default"], 10, "w1") == []
-
-
-def test_bury_queued_dead_letters_a_job_that_can_never_run(backend: Backend) -> None:
-    """R7.1, issue 2 acceptance 9: an unrunnable queued job lands in the DLQ with its reason."""
-    job = backend.enqueue(make_spec())
-    backend.bury_queued(job.id, "unknown task")
-    dead = backend.get_job(job.id)
-    assert (dead.status, dead.dead_reason) == (JobStatus.DEAD, "unknown task")
     assert backend.fetch(["default"], 10, "w1") == []
 
 
@@ -484,7 +485,9 @@ def test_replay_keeps_id_payload_and_keys_and_resets_attempts(
     job = backend.enqueue(
         make_spec(operation_key="op:9", resource_key="res:9", lock_ttl_s=5.0, dedup_key="d:9")
     )
-    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="fatal", error=ERROR)
+    backend.bury(
+        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR
+    )
     clock.advance(100.0)
     replayed = backend.replay(job.id)
     assert replayed.id == job.id
@@ -519,7 +522,9 @@ def test_purge_deletes_one_dead_job_or_all_of_them_with_their_attempts(
     dead = []
     for _ in range(3):
         job = backend.enqueue(make_spec())
-        backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="fatal", error=ERROR)
+        backend.bury(
+            guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR
+        )
         dead.append(job)
     live = backend.enqueue(make_spec())
     assert backend.purge(live.id) == 0
@@ -548,10 +553,14 @@ def test_list_count_and_dead_jobs_report_what_is_stored(
     """Port contract: newest first, filtered by status, counts for every state, DLQ order."""
     assert backend.count_jobs() == dict.fromkeys(JobStatus, 0)
     a, b, c, d = (backend.enqueue(make_spec()) for _ in range(4))
-    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="first", error=None)  # a
+    backend.bury(
+        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="first", error=None
+    )  # a
     clock.advance(1.0)
-    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="second", error=None)  # b
-    backend.finish(guard_of(fetch_one(backend)), CLOSING)  # c
+    backend.bury(
+        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="second", error=None
+    )  # b
+    finish(backend, guard_of(fetch_one(backend)), CLOSING)  # c
     assert backend.count_jobs() == {
         JobStatus.QUEUED: 1,
         JobStatus.RUNNING: 0,
@@ -619,7 +628,7 @@ def test_replay_is_refused_while_another_live_job_holds_the_dedup_key(
     replay goes through."""
     first = backend.enqueue(make_spec(dedup_key="invoice:9", max_attempts=1))
     delivery = fetch_one(backend)
-    backend.bury(guard_of(delivery), CLOSING, reason="broken", error=ERROR)
+    backend.bury(guard_of(delivery), CLOSING, code=DeadCode.FATAL, reason="broken", error=ERROR)
     second = backend.enqueue(make_spec(dedup_key="invoice:9"))
     assert second.id != first.id
     before = snapshot(backend, first.id)
@@ -628,7 +637,7 @@ def test_replay_is_refused_while_another_live_job_holds_the_dedup_key(
         backend.replay(first.id)
     assert snapshot(backend, first.id) == before
 
-    backend.finish(guard_of(fetch_one(backend)), CLOSING)  # the live job completes
+    finish(backend, guard_of(fetch_one(backend)), CLOSING)  # the live job completes
     clock.advance(1)
     assert backend.replay(first.id).status == JobStatus.QUEUED
 
@@ -643,14 +652,16 @@ def test_prune_deletes_old_completed_jobs_in_batches_and_keeps_everything_else(
     dead, recent and dedup-holding jobs and every operation record stay (R4.3, R5.2)."""
     old = [backend.enqueue(make_spec(payload=f'{{"n":{n}}}')) for n in range(5)]
     for delivery in backend.fetch(["default"], 5, "w1"):
-        backend.finish(guard_of(delivery), CLOSING)
+        finish(backend, guard_of(delivery), CLOSING)
     held = backend.enqueue(make_spec(dedup_key="held", dedup_window_s=1000))
-    backend.finish(guard_of(fetch_one(backend)), CLOSING)
+    finish(backend, guard_of(fetch_one(backend)), CLOSING)
     dead = backend.enqueue(make_spec(max_attempts=1))
-    backend.bury(guard_of(fetch_one(backend)), CLOSING, reason="x", error=ERROR)
+    backend.bury(
+        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="x", error=ERROR
+    )
     clock.advance(100)
     recent = backend.enqueue(make_spec())
-    backend.finish(guard_of(fetch_one(backend)), CLOSING)
+    finish(backend, guard_of(fetch_one(backend)), CLOSING)
     queued = backend.enqueue(make_spec())
 
     assert backend.prune_completed(50, batch_size=2) == 5

@@ -1,6 +1,7 @@
 """Migrations of the SQLite backend: fresh files, reopening, failures and concurrent first opens.
 
-The schema version lives in ``PRAGMA user_version``; every migration runs in one transaction.
+The schema version lives in jobguard's own ``jobguard_schema`` table (``PRAGMA user_version``
+belongs to the file's owner); every migration runs in one transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ import pytest
 from jobguard.backends._sql import load_migrations
 from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.backends.sqlite import connection as sqlite_connection
-from jobguard.backends.sqlite.connection import SQLiteOptions, migrate, open_connection
+from jobguard.backends.sqlite.connection import (
+    SQLiteOptions,
+    migrate,
+    open_connection,
+    schema_version,
+    split_statements,
+)
 from jobguard.exceptions import ConfigurationError, StoreUnavailableError
 from jobguard.models import JobSpec, JobStatus
 
@@ -27,9 +34,9 @@ TABLES = {"jobs", "attempts", "locks", "operations", "steps"}
 
 
 def inspect_file(path: Path) -> tuple[int, str, dict[str, str]]:
-    """``(user_version, journal_mode, {object name: its CREATE statement})`` of a database."""
+    """``(schema version, journal_mode, {object name: its CREATE statement})`` of a database."""
     with closing(sqlite3.connect(path)) as conn:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        version = schema_version(conn)
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
         schema = {
             name: sql
@@ -80,18 +87,65 @@ def test_reopening_a_migrated_file_changes_nothing_and_keeps_the_data(
     finally:
         again.close()
     with closing(open_connection(SQLiteOptions(str(db_path)))) as conn:
-        assert migrate(conn) == LATEST
+        assert migrate(conn) == (LATEST, [])
     assert inspect_file(db_path) == before
 
 
 def test_a_migration_already_recorded_is_never_applied_again(db_path: Path) -> None:
-    """``user_version`` is the only record of what ran: a recorded version is skipped."""
+    """``jobguard_schema`` is the record of what ran: a recorded version is skipped."""
     with closing(sqlite3.connect(db_path)) as conn:
-        conn.execute(f"PRAGMA user_version={LATEST:d}")
+        conn.execute(
+            "CREATE TABLE jobguard_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            " applied_at REAL NOT NULL)"
+        )
+        conn.executemany(
+            "INSERT INTO jobguard_schema VALUES (?, 'recorded', 0)",
+            [(v,) for v in range(1, LATEST + 1)],
+        )
+        conn.commit()
     with closing(open_connection(SQLiteOptions(str(db_path)))) as conn:
-        assert migrate(conn) == LATEST
+        assert migrate(conn) == (LATEST, [])
     _, _, schema = inspect_file(db_path)
     assert not TABLES & set(schema)
+
+
+def test_the_files_user_version_is_left_to_its_owner(opened: SQLiteBackend, db_path: Path) -> None:
+    """A migration tool of the user's that keeps its version in ``PRAGMA user_version`` works on
+    the shared file: jobguard neither reads nor writes it after the move below."""
+    with closing(sqlite3.connect(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+        conn.execute("PRAGMA user_version=7")
+    opened.close()
+    again = SQLiteBackend(str(db_path))
+    again.enqueue(spec())
+    again.close()
+    with closing(sqlite3.connect(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
+    assert inspect_file(db_path)[0] == LATEST
+
+
+def test_a_file_versioned_in_user_version_moves_to_the_version_table(db_path: Path) -> None:
+    """Files made before the version table (schema 1 in ``user_version``) are migrated in place:
+    data kept, every version recorded, and ``user_version`` given back to the owner."""
+    (first,) = [m for m in load_migrations("jobguard.backends.sqlite") if m[0] == 1]
+    with closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
+        for statement in split_statements(first[2]):
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version=1")
+        conn.execute(
+            "INSERT INTO jobs (task, queue, payload, status, run_at, max_attempts,"
+            " visibility_timeout_s, created_at) VALUES ('t', 'default', '{}', 'queued', 0, 1,"
+            " 30, 0)"
+        )
+    backend = SQLiteBackend(str(db_path))
+    try:
+        assert [job.task for job in backend.list_jobs()] == ["t"]
+    finally:
+        backend.close()
+    with closing(sqlite3.connect(db_path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+        recorded = [v for (v,) in conn.execute("SELECT version FROM jobguard_schema ORDER BY 1")]
+    assert recorded == list(range(1, LATEST + 1))
 
 
 def test_a_failing_migration_rolls_back_entirely(
@@ -104,7 +158,7 @@ def test_a_failing_migration_rolls_back_entirely(
     shipped = load_migrations("jobguard.backends.sqlite")
     monkeypatch.setattr(
         sqlite_connection,
-        "load_migrations",
+        "migrations_of",
         lambda package: [*shipped, (LATEST + 1, "broken", broken)],
     )
     with pytest.raises(StoreUnavailableError, match="migrate"):
@@ -177,6 +231,7 @@ def test_a_database_from_a_newer_jobguard_is_refused_not_downgraded(tmp_path: Pa
     path = tmp_path / "newer.db"
     SQLiteBackend(str(path)).close()
     with closing(sqlite3.connect(path)) as conn:
-        conn.execute("PRAGMA user_version=999")
+        conn.execute("INSERT INTO jobguard_schema VALUES (999, 'from the future', 0)")
+        conn.commit()
     with pytest.raises(ConfigurationError, match="newer"):
         SQLiteBackend(str(path))

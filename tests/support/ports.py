@@ -1,11 +1,12 @@
-"""Small helpers the backend conformance tests share: fetching a delivery and its guard."""
+"""Small helpers the backend conformance tests share: fetching a delivery, its guard, and the
+single-delivery forms of the batch-first port methods."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobguard.backends.base import Backend
-from jobguard.models import Delivery, Guard
+from jobguard.backends.base import Backend, BeginRequest, Closing, FinishRequest
+from jobguard.models import Delivery, Guard, Operation, Outcome
 
 
 def fetch_one(
@@ -20,3 +21,33 @@ def fetch_one(
 def guard_of(delivery: Delivery) -> Guard:
     """The guard a worker holds for a fresh delivery (no lock)."""
     return Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id)
+
+
+def finish(
+    backend: Backend,
+    guard: Guard,
+    closing: Closing,
+    *,
+    outcome: Outcome = Outcome.COMPLETED,
+    operation_key: str | None = None,
+    result_json: str | None = None,
+    external_ref: str | None = None,
+) -> None:
+    """Ack one delivery through ``finish_many``; raise its refusal, as a worker would see it."""
+    request = FinishRequest(guard, closing, outcome, operation_key, result_json, external_ref)
+    (refusal,) = backend.finish_many([request])
+    if refusal is not None:
+        raise refusal
+
+
+def begin_operation(
+    backend: Backend, guard: Guard, key: str, resource_key: str | None
+) -> Operation | None:
+    """Claim the operation record under the lock ``guard`` already holds (if any).
+
+    ``None`` when another live delivery holds the claim (or the resource is not ``guard``'s).
+    """
+    request = BeginRequest(resource_key=resource_key, operation_key=key)
+    begun = backend.begin(guard, request)
+    assert begun.busy is None or begun.operation is None
+    return begun.operation

@@ -1,4 +1,4 @@
-"""Unit tests of the named-query loader ``jobguard.backends._sql`` and the SQLite query file."""
+"""Unit tests of the named-query loader ``jobguard.backends._sql`` and the drivers' query files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from jobguard.backends import _sql
-from jobguard.backends.sqlite import backend as sqlite_backend
+from jobguard.backends.sql import store
 from jobguard.backends.sqlite.connection import split_statements
 
 
@@ -42,14 +42,18 @@ def test_an_empty_query_is_refused() -> None:
         _sql.parse_queries("-- name: nothing\n\n-- name: something\nSELECT 1;\n")
 
 
-def test_every_query_the_sqlite_backend_uses_is_defined_and_every_defined_one_is_used() -> None:
-    """No ``KeyError`` waiting in a rare code path, and no dead SQL in queries.sql."""
-    defined = set(_sql.load_queries("jobguard.backends.sqlite"))
-    source = inspect.getsource(sqlite_backend)
-    indexed = set(re.findall(r'Q\["([a-z_0-9]+)"\]', source))
-    assert indexed - defined == set()
+DRIVERS = ["jobguard.backends.sqlite"]
+
+
+@pytest.mark.parametrize("package", DRIVERS)
+def test_every_query_the_store_uses_is_defined_and_every_defined_one_is_used(package: str) -> None:
+    """No ``KeyError`` waiting in a rare code path, and no dead SQL in any driver's queries.sql."""
+    defined = set(_sql.load_queries(package))
+    source = inspect.getsource(store)
+    used = set(re.findall(r'(?:one|all|run|_read_all)\(\s*"([a-z_0-9]+)"', source))
     # Names also travel as plain strings (``query="retry_job"``); any mention counts as a use.
     mentioned = set(re.findall(r'"([a-z_0-9]+)"', source))
+    assert used - defined == set()
     assert defined - mentioned == set()
 
 

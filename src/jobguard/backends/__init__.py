@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 from jobguard.backends.base import Backend
 from jobguard.exceptions import ConfigurationError
@@ -17,17 +17,40 @@ def sqlite_path(url: str) -> str:
         raise ConfigurationError(
             f"SQLite URL must look like sqlite:///path/to/file.db, got {url!r}"
         )
-    return url[len(prefix) :]
+    path = url[len(prefix) :]
+    if path == ":memory:" or path.startswith("file::memory:"):
+        raise ConfigurationError(
+            "an in-memory SQLite database lives in one connection only; jobguard's workers, "
+            "threads and producers share the store, so give it a file: sqlite:///jobs.db"
+        )
+    return path
+
+
+def check_store_url(url: str) -> str:
+    """Validate a store URL without opening it; return it unchanged.
+
+    Refused here, where the URL is written, rather than at first use: an empty URL, an
+    in-memory SQLite database, and any scheme jobguard has no backend for.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(
+            f"the store URL is empty; give one such as {DEFAULT_URL} or "
+            "postgresql://user@host/dbname (or leave it out for the default)"
+        )
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        sqlite_path(url)
+    else:
+        raise ConfigurationError(
+            f"unsupported store URL scheme {scheme!r}; jobguard stores jobs in SQLite "
+            "(sqlite:///path/to/file.db)"
+        )
+    return url
 
 
 def open_backend(url: str | None = None) -> Backend:
-    """Open the backend a URL names. Today: ``sqlite:///path`` (the default)."""
-    url = url or DEFAULT_URL
-    scheme = urlparse(url).scheme
-    if scheme == "sqlite":
-        from jobguard.backends.sqlite import SQLiteBackend
+    """Open the backend a URL names: ``sqlite:///path`` (the default)."""
+    url = check_store_url(DEFAULT_URL if url is None else url)
+    from jobguard.backends.sqlite import SQLiteBackend
 
-        return SQLiteBackend(sqlite_path(url))
-    raise ConfigurationError(
-        f"unsupported store URL scheme {scheme!r} in {url!r}; this version supports sqlite:///"
-    )
+    return SQLiteBackend(sqlite_path(url))

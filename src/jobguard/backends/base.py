@@ -14,13 +14,15 @@ conformance suite in ``tests/contract/``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from jobguard.exceptions import GuardLost
+from jobguard.exceptions import JobGuardError
 from jobguard.models import (
     Attempt,
+    BusyReason,
+    DeadCode,
     Delivery,
     Guard,
     Job,
@@ -67,6 +69,18 @@ class FinishRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class DeliveryRules:
+    """What the fetching worker's own task definition gives each delivery of one task.
+
+    The worker's definition rules delivery, not the copy the enqueuing process had: after a
+    deploy that changes a task's lease, old producers do not keep handing out the old one.
+    """
+
+    visibility_timeout_s: float | None  # None: the queue's, as stored at enqueue
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
 class Renewal:
     """One in-flight delivery for the heartbeat to extend, with its lease and lock lengths."""
 
@@ -99,31 +113,44 @@ class Begun:
 
     grant: LockGrant | None = None
     operation: Operation | None = None
-    busy: str | None = None
+    busy: BusyReason | None = None
 
 
 class QueuePort(Protocol):
     """Jobs, leases and the dead letter queue (R1, R2, R5, R7)."""
 
-    def enqueue(self, spec: JobSpec) -> Job:
-        """Store a job, or return the live job holding ``spec.dedup_key`` (``deduplicated=True``).
+    def enqueue(self, spec: JobSpec, *, connection: Any = None) -> Job:
+        """:meth:`enqueue_many` for one job."""
 
-        Atomic: the dedup check and the insert are one transaction, so concurrent enqueues of one
-        key store one job.
+    def enqueue_many(self, specs: Sequence[JobSpec], *, connection: Any = None) -> list[Job]:
+        """Store jobs; for each, or return the live job holding its dedup key (``deduplicated``).
+
+        Atomic: all or none, one transaction, and the dedup check and insert of one key are
+        serialised, so concurrent enqueues of one key store one job. With ``connection`` (the
+        caller's own open connection to the store's database) the jobs are written in the
+        caller's transaction: they exist if and only if it commits.
         """
 
-    def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Job]:
-        """Store many jobs, each deduplicated as by :meth:`enqueue`.
-
-        Atomic: all or none, one transaction.
-        """
-
-    def fetch(self, queues: Sequence[str], limit: int, worker_id: str) -> list[Delivery]:
+    def fetch(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        rules: Mapping[str, DeliveryRules] | None = None,
+    ) -> list[Delivery]:
         """Lease up to ``limit`` ready jobs, earlier queues first, higher priority first.
 
         Atomic per call: each job gets a new lease token, its attempt count is charged and an
         attempt row opened. Jobs whose lease expired are re-leased (their old attempt is closed as
-        ``lost``); one whose attempts are spent goes to the dead letter queue instead.
+        ``lost``); one whose attempts are spent goes to the dead letter queue instead
+        (:attr:`DeadCode.LOST`). ``rules`` (by task name) give the lease length and attempt limit
+        of the worker's own task definitions; jobs of other tasks keep what was stored.
+        """
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
+        """Block until an enqueue may have added work to ``queues``, or ``timeout_s`` passed.
+
+        A wake-up can be spurious and one can be missed: callers poll again after ``timeout_s``.
         """
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
@@ -132,26 +159,13 @@ class QueuePort(Protocol):
         Atomic per item; all items in one transaction where the store allows.
         """
 
-    def finish(
-        self,
-        guard: Guard,
-        closing: Closing,
-        *,
-        outcome: Outcome = Outcome.COMPLETED,
-        operation_key: str | None = None,
-        result_json: str | None = None,
-        external_ref: str | None = None,
-    ) -> None:
-        """Ack the job: operation completed + job completed + attempt closed + lock released.
+    def finish_many(self, requests: Sequence[FinishRequest]) -> list[JobGuardError | None]:
+        """Ack jobs: operation completed + job completed + attempt closed + lock released.
 
-        Atomic: one transaction. Refused (nothing written) for a stale lease or fence.
-        """
-
-    def finish_many(self, requests: Sequence[FinishRequest]) -> list[GuardLost | None]:
-        """:meth:`finish` for many deliveries; the refusal of each, or ``None`` if it was acked.
-
-        Atomic per request (a refused one writes nothing); all in one transaction where the store
-        allows, so a worker acks a batch of jobs for the price of one durable commit.
+        Atomic per request: a request refused for a stale lease or fence
+        (:class:`~jobguard.exceptions.GuardLost`), or one whose write fails, writes nothing and
+        its error is returned in its place; the others are acked. All in one transaction where
+        the store allows, so a worker acks a batch of jobs for the price of one durable commit.
         """
 
     def retry(
@@ -179,6 +193,7 @@ class QueuePort(Protocol):
         guard: Guard,
         closing: Closing,
         *,
+        code: DeadCode,
         reason: str,
         error: ErrorInfo | None,
         operation_key: str | None = None,
@@ -228,9 +243,6 @@ class QueuePort(Protocol):
     def purge(self, job_id: int | None = None) -> int:
         """Delete one dead job (or all of them) with their attempt rows; return how many."""
 
-    def bury_queued(self, job_id: int, reason: str) -> None:
-        """Move a queued job that can never run (e.g. unknown task) to the dead letter queue."""
-
 
 class LockPort(Protocol):
     """Resource locks with owner tokens and fencing tokens (R3)."""
@@ -256,20 +268,14 @@ class LockPort(Protocol):
 class OperationPort(Protocol):
     """Durable operation records and memoised steps (R4)."""
 
-    def begin_operation(self, guard: Guard, key: str, resource_key: str | None) -> Operation | None:
-        """Get or create the record and claim it for this delivery, with its stored steps.
-
-        Returns the record as it was if already ``completed`` (nothing claimed), or ``None`` when
-        another live delivery holds the claim (treat as busy). Atomic: one transaction, refused
-        for a stale lease or fence.
-        """
-
     def begin(self, guard: Guard, request: BeginRequest) -> Begun:
         """Acquire the resource lock and claim the operation record together.
 
         Atomic: one transaction. Either both hold, or neither is kept and ``busy`` says why (the
         lock is held by a live owner, or another live delivery claims the operation). A completed
-        operation is returned without a claim. Refused for a stale lease.
+        operation is returned without a claim; otherwise the record is created or claimed and
+        returned with its stored steps. Refused for a stale lease, or for a stale fence when the
+        guard already carries a lock.
         """
 
     def begin_many(self, items: Sequence[tuple[Guard, BeginRequest]]) -> list[Begun | None]:
@@ -284,10 +290,12 @@ class OperationPort(Protocol):
     def db_step(
         self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
     ) -> tuple[bool, Any]:
-        """Run ``fn(conn, *args)`` and record the step in the same transaction (invariant 10).
+        """Run ``fn(conn, *args)`` and record the step in the same transaction.
 
-        Returns ``(ran, value)``: ``ran`` is False and ``value`` the stored JSON result when the
-        step was already recorded. If ``fn`` raises or the guard is stale, nothing commits.
+        Only stores with :attr:`Backend.transactional_steps`. Returns ``(ran, value)``: ``ran``
+        is False and ``value`` the stored JSON result when the step was already recorded. If
+        ``fn`` raises or the guard is stale, nothing commits; an error of ``fn``'s own SQL
+        reaches the caller as :class:`~jobguard.exceptions.StepSQLError`.
         """
 
     def get_operation(self, key: str) -> Operation | None:
@@ -308,9 +316,15 @@ class AttemptPort(Protocol):
 
 
 class Backend(QueuePort, LockPort, OperationPort, AttemptPort, Protocol):
-    """A store that implements every port. ``close()`` releases its connections."""
+    """A store that implements every port. ``close()`` releases its connections.
+
+    Attributes:
+        url: Where the store lives (passwords masked).
+        transactional_steps: Whether ``db_step`` can run user SQL in the step's transaction.
+    """
 
     url: str
+    transactional_steps: bool
 
     def now(self) -> float:
         """The store clock, in seconds since the epoch (leases and locks expire on it)."""

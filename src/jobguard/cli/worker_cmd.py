@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
 from types import FrameType
 
 import click
@@ -13,25 +12,21 @@ from jobguard.cli.state import CliState
 from jobguard.worker import Worker
 
 
-def _stop_on_signals_until_run(runner: Worker) -> Callable[[], None]:
-    """Make SIGTERM/SIGINT a graceful stop from now on; return what undoes it.
+def _stop_on_signals(runner: Worker) -> None:
+    """Make SIGTERM/SIGINT a graceful stop for the rest of the process's life.
 
-    ``Worker.run`` installs its own handlers, but only once it starts; a signal that arrives
-    before (while the app and store are being set up) would otherwise kill the process.
+    ``Worker.run`` installs its own handlers, but only while it runs; a signal that arrives
+    before (while the app and store are being set up) or after (while the process exits) would
+    otherwise kill the process mid-way.
     """
     if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+        return
 
     def stop(signum: int, frame: FrameType | None) -> None:
         runner.stop()
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
 
 
 @click.command()
@@ -80,12 +75,12 @@ def worker(
     runner = app.worker(
         names, concurrency=concurrency, prefetch=prefetch, grace_s=grace_s, worker_id=worker_id
     )
-    restore = _stop_on_signals_until_run(runner)
-    try:
-        # Printed once a signal is handled gracefully, so it also tells scripts "ready".
-        click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
-        stats = runner.run(burst=burst)
-    finally:
-        restore()
+    _stop_on_signals(runner)
+    # Printed once a signal is handled gracefully, so it also tells scripts "ready".
+    click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
+    stats = runner.run(burst=burst)
     summary = ", ".join(f"{k}={v}" for k, v in sorted(stats.outcomes.items())) or "no jobs"
     click.echo(f"worker stopped: {summary}; released {stats.released}", err=True)
+    if runner.failure is not None:
+        click.echo(f"error: {runner.failure}", err=True)
+        raise SystemExit(3)

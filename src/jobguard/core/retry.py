@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from jobguard.exceptions import Fatal, GuardLost, HandlerDecision, Retry
+from jobguard.models import DeadCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ class Decision:
     verdict: Verdict
     delay_s: float = 0.0
     reason: str = ""
+    code: DeadCode | None = None
 
 
 def backoff_ceiling_s(attempt: int, base_s: float, cap_s: float) -> float:
@@ -115,15 +117,18 @@ def decide(
     """
     name = type(exc).__name__
     if is_fatal(exc, policy):
-        return Decision(Verdict.DEAD, reason=f"fatal error: {name}: {exc}")
+        return Decision(Verdict.DEAD, reason=f"fatal error: {name}: {exc}", code=DeadCode.FATAL)
     if attempt >= policy.max_attempts:
         return Decision(
-            Verdict.DEAD, reason=f"attempts exhausted ({attempt}/{policy.max_attempts}): {name}"
+            Verdict.DEAD,
+            reason=f"attempts exhausted ({attempt}/{policy.max_attempts}): {name}",
+            code=DeadCode.EXHAUSTED,
         )
     if not isinstance(exc, Retry) and same_signature_count >= policy.poison_threshold:
         return Decision(
             Verdict.DEAD,
             reason=f"poison: the same {name} {same_signature_count} times in a row",
+            code=DeadCode.POISON,
         )
     if isinstance(exc, Retry) and exc.delay_s is not None:
         return Decision(Verdict.RETRY, delay_s=exc.delay_s, reason=str(exc))

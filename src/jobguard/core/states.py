@@ -31,7 +31,6 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
     (JobStatus.RUNNING, Event.DEFER): JobStatus.QUEUED,
     (JobStatus.RUNNING, Event.RELEASE): JobStatus.QUEUED,
     (JobStatus.RUNNING, Event.BURY): JobStatus.DEAD,  # also: lease expired, attempts spent
-    (JobStatus.QUEUED, Event.BURY): JobStatus.DEAD,  # a queued job that can never run
     (JobStatus.DEAD, Event.REPLAY): JobStatus.QUEUED,
 }
 

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from jobguard.backends._sql import load_migrations
-from jobguard.exceptions import ConfigurationError, StoreUnavailableError
+from jobguard.backends.sql.driver import UserCodeError
+from jobguard.backends.sql.schema import migrations_of, pending
+from jobguard.exceptions import ConfigurationError, StoreBrokenError, StoreUnavailableError
 
 T = TypeVar("T")
 
@@ -108,26 +109,75 @@ def split_statements(script: str) -> list[str]:
     return statements
 
 
-def migrate(conn: sqlite3.Connection) -> int:
-    """Apply the migrations this database lacks, in one transaction; return the version."""
-    migrations = load_migrations(_PACKAGE)
+_VERSION_TABLE = (
+    "CREATE TABLE IF NOT EXISTS jobguard_schema ("
+    " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+)
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return found is not None
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The schema version recorded in the file (0 for a file jobguard never touched)."""
+    if not _has_table(conn, "jobguard_schema"):
+        return _legacy_version(conn)
+    row = conn.execute("SELECT max(version) FROM jobguard_schema").fetchone()
+    return int(row[0] or 0)
+
+
+def _legacy_version(conn: sqlite3.Connection) -> int:
+    """Files of jobguard 0.1 kept their version in ``PRAGMA user_version`` beside a jobs table."""
+    if not _has_table(conn, "jobs"):
+        return 0
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def conn_path(conn: sqlite3.Connection) -> str:
+    """The file behind a connection's main database."""
+    for _seq, name, path in conn.execute("PRAGMA database_list").fetchall():
+        if name == "main":
+            return str(path)
+    return ""
+
+
+def migrate(conn: sqlite3.Connection, *, dry_run: bool = False) -> tuple[int, list[str]]:
+    """Apply the migrations this database lacks, in one transaction.
+
+    Returns the version reached and the SQL of what was (or, with ``dry_run``, would be)
+    applied. ``PRAGMA user_version`` belongs to the file's owner: a file that jobguard 0.1
+    versioned there is moved to jobguard's own table and the pragma is given back (set to 0).
+    """
+    migrations = migrations_of(_PACKAGE)
     try:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            current = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            latest = migrations[-1][0] if migrations else 0
-            if current > latest:
-                raise ConfigurationError(
-                    f"the database is at schema version {current}, newer than this jobguard "
-                    f"knows ({latest}); upgrade jobguard instead of opening it with an older one"
+            current = schema_version(conn)
+            todo = pending(current, migrations, f"the SQLite database {conn_path(conn)!r}")
+            applied = [sql for _version, _name, sql in todo]
+            if dry_run:
+                conn.execute("ROLLBACK")
+                return current, applied
+            now = time.time()
+            if current > 0 and not _has_table(conn, "jobguard_schema"):
+                conn.execute(_VERSION_TABLE)
+                conn.executemany(
+                    "INSERT INTO jobguard_schema (version, name, applied_at) VALUES (?, ?, ?)",
+                    [(v, n, now) for v, n, _sql in migrations if v <= current],
                 )
-            for version, _name, sql in migrations:
-                if version <= current:
-                    continue
+                conn.execute("PRAGMA user_version=0")
+            conn.execute(_VERSION_TABLE)
+            for version, name, sql in todo:
                 for statement in split_statements(sql):
                     conn.execute(statement)
-                # PRAGMA takes no parameters; version is an int from a file name.
-                conn.execute(f"PRAGMA user_version={version:d}")
+                conn.execute(
+                    "INSERT INTO jobguard_schema (version, name, applied_at) VALUES (?, ?, ?)",
+                    (version, name, now),
+                )
                 current = version
             conn.execute("COMMIT")
         except BaseException:
@@ -135,15 +185,7 @@ def migrate(conn: sqlite3.Connection) -> int:
             raise
     except sqlite3.Error as exc:
         raise StoreUnavailableError(f"cannot migrate the SQLite database: {exc}") from exc
-    return current
-
-
-class UserCodeError(Exception):
-    """Carries an exception raised by user code inside a write, so it is re-raised unwrapped."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(repr(original))
-        self.original = original
+    return current, applied
 
 
 class _Request:
@@ -273,7 +315,13 @@ class GroupCommitter:
 
 
 def _wrap(exc: BaseException) -> StoreUnavailableError:
-    wrapped = StoreUnavailableError(f"SQLite write failed: {exc}")
+    text = str(exc)
+    if "readonly" in text or "read-only" in text:
+        wrapped: StoreUnavailableError = StoreBrokenError(
+            f"the SQLite database cannot be written: {exc}"
+        )
+    else:
+        wrapped = StoreUnavailableError(f"SQLite write failed: {exc}")
     wrapped.__cause__ = exc
     return wrapped
 

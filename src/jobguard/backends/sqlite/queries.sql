@@ -4,6 +4,10 @@
 -- name: job_by_id
 SELECT * FROM jobs WHERE id = :id;
 
+-- name: job_by_id_for_update
+-- Writes are serialised by the database lock: nothing to lock row by row.
+SELECT * FROM jobs WHERE id = :id;
+
 -- name: jobs_by_status
 SELECT * FROM jobs WHERE (:status IS NULL OR status = :status) ORDER BY id DESC LIMIT :limit;
 
@@ -18,22 +22,26 @@ WHERE dedup_key = :dedup_key
        OR (status = 'completed' AND finished_at + dedup_window_s > :now))
 ORDER BY id DESC LIMIT 1;
 
+-- name: lock_dedup_key
+-- Writes are serialised by the database lock, so enqueues of one key already take turns.
+SELECT :dedup_key;
+
 -- name: count_dedup_hit
 UPDATE jobs SET dedup_hits = dedup_hits + 1 WHERE id = :id;
 
 -- name: insert_job
 INSERT INTO jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
-                  dedup_window_s, created_at)
+                  dedup_window_s, headers, created_at)
 VALUES (:task, :queue, :payload, 'queued', :priority, :run_at, :run_at, :max_attempts,
         :visibility_timeout_s, :operation_key, :resource_key, :lock_ttl_s, :dedup_key,
-        :dedup_window_s, :now)
+        :dedup_window_s, :headers, :now)
 RETURNING *;
 
 -- name: ready_jobs
 -- Queued jobs whose time has come, and running jobs whose lease expired (a crashed or stalled
 -- worker): both are available_at <= now.
-SELECT id, status, attempts, max_attempts, lease_token FROM jobs
+SELECT id, task, status, attempts, max_attempts, lease_token FROM jobs
 WHERE queue = :queue AND status IN ('queued', 'running') AND available_at <= :now
 ORDER BY priority DESC, available_at, id
 LIMIT :limit;
@@ -42,21 +50,23 @@ LIMIT :limit;
 UPDATE attempts SET outcome = 'lost', ended_at = :now
 WHERE lease_token IN (SELECT value FROM json_each(:tokens)) AND outcome = 'running';
 
--- name: bury_exhausted
+-- name: bury_lost
 -- A job whose last allowed delivery never reported back (its worker died): attempts are charged
--- at delivery, so it goes to the dead letter queue instead of looping forever (invariant 7).
+-- at delivery, so it goes to the dead letter queue instead of looping forever. The reason is a
+-- code; its words are made above the store.
 UPDATE jobs
 SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = :now,
-    dead_reason = 'attempts exhausted (' || attempts || '/' || max_attempts
-                  || '): the worker never reported back (crashed, killed or stalled past its lease)'
+    dead_code = :code, dead_reason = NULL
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'running';
 
 -- name: lease_jobs
+-- :lease_s is the fetching worker's lease for these jobs' task (NULL: the stored one).
 UPDATE jobs
 SET status = 'running', attempts = attempts + 1, worker_id = :worker_id,
-    lease_token = lower(hex(randomblob(16))), available_at = :now + visibility_timeout_s
+    lease_token = lower(hex(randomblob(16))),
+    available_at = :now + coalesce(:lease_s, visibility_timeout_s)
 WHERE id IN (SELECT value FROM json_each(:ids))
-RETURNING *;
+RETURNING *, coalesce(:lease_s, visibility_timeout_s) AS lease_s;
 
 -- name: insert_attempts
 INSERT INTO attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
@@ -97,14 +107,9 @@ WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
 -- name: bury_job
 UPDATE jobs
 SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = :now,
-    dead_reason = :reason, last_error = :last_error, error_signature = :error_signature,
+    dead_code = :code, dead_reason = :reason, last_error = :last_error, error_signature = :error_signature,
     same_error_count = :same_error_count
 WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
-
--- name: bury_queued
-UPDATE jobs
-SET status = 'dead', available_at = NULL, finished_at = :now, dead_reason = :reason
-WHERE id = :job_id AND status = 'queued';
 
 -- name: close_attempt
 UPDATE attempts
@@ -126,11 +131,13 @@ WHERE id = :attempt_id;
 SELECT * FROM jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT :limit;
 
 -- name: replay_job
--- Back to the queue with the same id, payload and keys (R7.3, invariant 8).
+-- Back to the queue with the same id, payload and keys (its operation key is kept, so completed work is not redone).
 UPDATE jobs
 SET status = 'queued', available_at = :now, run_at = :now, attempts = 0, deferrals = 0,
-    same_error_count = 0, error_signature = NULL, dead_reason = NULL, finished_at = NULL
-WHERE id = :job_id AND status = 'dead';
+    same_error_count = 0, error_signature = NULL, dead_code = NULL, dead_reason = NULL,
+    finished_at = NULL
+WHERE id = :job_id AND status = 'dead'
+RETURNING *;
 
 -- name: purge_attempts
 DELETE FROM attempts
@@ -168,10 +175,14 @@ UPDATE locks SET owner = NULL, expires_at = NULL WHERE resource = :resource AND 
 -- name: operation_row
 SELECT * FROM operations WHERE key = :key;
 
+-- name: operation_row_for_update
+SELECT * FROM operations WHERE key = :key;
+
 -- name: insert_operation
 INSERT INTO operations (key, status, resource_key, owner_lease, attempts, fence, created_at,
                         updated_at)
 VALUES (:key, 'processing', :resource_key, :owner_lease, 1, :fence, :now, :now)
+ON CONFLICT (key) DO NOTHING
 RETURNING *;
 
 -- name: claim_operation
@@ -202,12 +213,12 @@ SELECT result FROM steps WHERE operation_key = :key AND name = :name;
 INSERT INTO steps (operation_key, name, result, fence, created_at)
 VALUES (:key, :name, :result, :fence, :now);
 
--- name: operation_by_lease_holder
+-- name: lease_holder_alive
 -- Is the operation's current claimant still alive (its lease unexpired)?
 SELECT 1 FROM jobs
 WHERE lease_token = :owner_lease AND status = 'running' AND available_at > :now;
 
--- name: fail_operation_by_lease
+-- name: unclaim_operation
 -- Graceful release: drop this delivery's claim on its operation so the next delivery can take it.
 UPDATE operations SET owner_lease = NULL, updated_at = :now WHERE owner_lease = :owner_lease;
 
@@ -226,7 +237,7 @@ SELECT
 -- name: any_ready
 -- A cheap read-only look before taking the write lock for a fetch.
 SELECT 1 FROM jobs
-WHERE queue = :queue AND status IN ('queued', 'running') AND available_at <= :now
+WHERE queue IN (SELECT value FROM json_each(:queues)) AND status IN ('queued', 'running') AND available_at <= :now
 LIMIT 1;
 
 -- name: prunable_jobs

@@ -1,15 +1,25 @@
-"""Turn SQLite rows into the frozen models."""
+"""Turn result rows of any SQL driver into the frozen models."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 
-from jobguard.models import Attempt, Delivery, Job, JobStatus, Operation, OperationStatus, Outcome
+from jobguard.backends.sql.driver import Row
+from jobguard.core.messages import dead_reason
+from jobguard.models import (
+    Attempt,
+    DeadCode,
+    Delivery,
+    Job,
+    JobStatus,
+    Operation,
+    OperationStatus,
+    Outcome,
+)
 
 
-def job(row: sqlite3.Row, *, deduplicated: bool = False) -> Job:
+def job(row: Row, *, deduplicated: bool = False) -> Job:
     """A ``jobs`` row as a :class:`Job`."""
     return Job(
         id=row["id"],
@@ -30,12 +40,16 @@ def job(row: sqlite3.Row, *, deduplicated: bool = False) -> Job:
         lock_ttl_s=row["lock_ttl_s"],
         dedup_key=row["dedup_key"],
         last_error=row["last_error"],
-        dead_reason=row["dead_reason"],
+        dead_reason=dead_reason(
+            row["dead_code"], row["dead_reason"], row["attempts"], row["max_attempts"]
+        ),
+        dead_code=DeadCode(row["dead_code"]) if row["dead_code"] else None,
+        headers=row["headers"],
         deduplicated=deduplicated,
     )
 
 
-def delivery(row: sqlite3.Row, attempt_id: int) -> Delivery:
+def delivery(row: Row, attempt_id: int) -> Delivery:
     """A freshly leased ``jobs`` row as a :class:`Delivery`."""
     return Delivery(
         job_id=row["id"],
@@ -55,10 +69,11 @@ def delivery(row: sqlite3.Row, attempt_id: int) -> Delivery:
         lock_ttl_s=row["lock_ttl_s"],
         error_signature=row["error_signature"],
         same_error_count=row["same_error_count"],
+        headers=row["headers"],
     )
 
 
-def operation(row: sqlite3.Row, steps: Sequence[sqlite3.Row]) -> Operation:
+def operation(row: Row, steps: Sequence[Row]) -> Operation:
     """An ``operations`` row and its ``steps`` rows as an :class:`Operation`."""
     return Operation(
         key=row["key"],
@@ -76,7 +91,7 @@ def operation(row: sqlite3.Row, steps: Sequence[sqlite3.Row]) -> Operation:
     )
 
 
-def attempt(row: sqlite3.Row) -> Attempt:
+def attempt(row: Row) -> Attempt:
     """An ``attempts`` row as an :class:`Attempt`."""
     return Attempt(
         id=row["id"],

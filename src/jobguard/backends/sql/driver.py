@@ -1,0 +1,97 @@
+"""The driver seam: the only things a SQL database brings to the shared store.
+
+:class:`~jobguard.backends.sql.store.SQLStore` holds every rule of the guard's writes once; a
+driver only runs named statements and owns what truly differs between databases: connections
+and transactions (group commit on SQLite, a pool on PostgreSQL), the store clock, how a list
+parameter is passed, the connection handed to ``db_step`` code, and how idle workers are woken.
+Every named statement exists in each driver's ``queries.sql`` under the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+Params = Mapping[str, Any]
+
+
+class Row(Protocol):
+    """A result row, read by column name (``sqlite3.Row`` and psycopg's ``dict_row`` both are)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+class Tx(Protocol):
+    """One open transaction: named statements in, rows out. Lists are passed as lists."""
+
+    @property
+    def connection(self) -> Any:
+        """The driver's own connection this transaction runs on."""
+
+    def one(self, name: str, params: Params) -> Row | None:
+        """Run a named statement; its first row, or ``None``."""
+
+    def all(self, name: str, params: Params) -> list[Row]:
+        """Run a named statement; every row."""
+
+    def run(self, name: str, params: Params) -> int:
+        """Run a named statement; how many rows it changed."""
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested unit: rolled back alone if the block raises (the error goes on)."""
+
+    def now(self) -> float:
+        """The store clock, in seconds since the epoch, as this transaction sees it."""
+
+
+class Driver(Protocol):
+    """Connections, transactions, the clock and wake-ups of one SQL database."""
+
+    url: str
+    dialect: str
+
+    def write(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in one transaction and return once it is durably committed.
+
+        If ``fn`` raises, nothing of it commits and the error reaches the caller; driver errors
+        are wrapped as :class:`~jobguard.exceptions.StoreUnavailableError`.
+        """
+
+    def read(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` on a read-only view of committed data."""
+
+    def adopt(self, connection: Any) -> Tx:
+        """A transaction view over the caller's own open connection (transactional enqueue).
+
+        Nothing is committed or rolled back here: the job exists if and only if the caller's
+        transaction commits.
+        """
+
+    def step_connection(self, tx: Tx) -> AbstractContextManager[Any]:
+        """The connection ``db_step`` code writes through, inside ``tx``; refuses to end it."""
+
+    def now(self) -> float:
+        """The store clock outside a transaction."""
+
+    def jobs_added(self, queues: Sequence[str]) -> None:
+        """Wake idle workers of these queues after a committed enqueue (no-op if it cannot)."""
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
+        """Block until an enqueue may have made work for ``queues``, or ``timeout_s`` passed."""
+
+    def close(self) -> None:
+        """Close this process's connections."""
+
+
+class UserCodeError(Exception):
+    """Carries an exception raised by user code inside a write, so it is re-raised unwrapped.
+
+    Drivers unwrap it where they would otherwise wrap a failed transaction as
+    :class:`~jobguard.exceptions.StoreUnavailableError`.
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(repr(original))
+        self.original = original

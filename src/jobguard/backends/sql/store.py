@@ -1,0 +1,819 @@
+"""Every port on one SQL database, written once: the guard's order of writes.
+
+Queue, locks, operations and attempts share one database, so "finish" (operation completed + job
+acked + attempt closed + lock released) is one transaction, and so is ``db_step`` (the user's
+rows + the step record). What differs between databases (connections, transactions, the clock,
+the SQL text) is the :class:`~jobguard.backends.sql.driver.Driver`'s; each statement is named
+and lives in the driver's ``queries.sql``. Decisions (retry or bury, reason codes) are made above
+the port and arrive here as facts; sentences come from :mod:`jobguard.core.messages`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from jobguard.backends.base import (
+    BeginRequest,
+    Begun,
+    Closing,
+    DeliveryRules,
+    ErrorInfo,
+    FinishRequest,
+    Renewal,
+    RenewalResult,
+)
+from jobguard.backends.sql import rows
+from jobguard.backends.sql.driver import Driver, Row, Tx, UserCodeError
+from jobguard.core import messages
+from jobguard.exceptions import (
+    ConfigurationError,
+    DuplicateJobError,
+    GuardLost,
+    JobGuardError,
+    LeaseLostError,
+    NotFoundError,
+    StoreUnavailableError,
+)
+from jobguard.models import (
+    Attempt,
+    BusyReason,
+    DeadCode,
+    Delivery,
+    Guard,
+    Job,
+    JobSpec,
+    JobStatus,
+    LockGrant,
+    Operation,
+    OperationStatus,
+    Outcome,
+)
+
+T = TypeVar("T")
+
+
+def _fence_of(guard: Guard) -> int | None:
+    return guard.lock.fence if guard.lock else None
+
+
+class SQLStore:
+    """All four ports over one :class:`Driver`; safe to share between threads.
+
+    Args:
+        driver: The database's driver.
+    """
+
+    transactional_steps = True
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.url = driver.url
+
+    def close(self) -> None:
+        """Close this process's connections."""
+        self.driver.close()
+
+    def now(self) -> float:
+        """The store clock."""
+        return self.driver.now()
+
+    # -- guards ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_fence(tx: Tx, guard: Guard) -> None:
+        """Refuse a write whose lock grant is no longer the newest for its resource.
+
+        Unlike :meth:`_verify`, the lease is left to the write's own ``WHERE lease_token``, so
+        an unlocked job pays no extra query on the hot path (finish).
+        """
+        if guard.lock is None:
+            return
+        row = tx.one("lock_row", {"resource": guard.lock.resource})
+        if row is not None and row["fence"] > guard.lock.fence:
+            raise messages.stale_fence(guard.lock.resource, guard.lock.fence, row["fence"])
+
+    @staticmethod
+    def _verify(tx: Tx, guard: Guard, claim_key: str | None) -> None:
+        """Refuse a write whose lease is stale, whose fence is old, or (with ``claim_key``)
+        whose delivery no longer holds the operation's claim."""
+        state = tx.one(
+            "guard_state",
+            {
+                "job_id": guard.job_id,
+                "lease_token": guard.lease_token,
+                "resource": guard.lock.resource if guard.lock else None,
+                "key": claim_key,
+            },
+        )
+        assert state is not None  # a SELECT of sub-queries always returns its one row
+        if state["lease_ok"] is None:
+            raise messages.stale_lease(guard.job_id, guard.lease_token)
+        newest = state["fence"]
+        if guard.lock is not None and newest is not None and newest > guard.lock.fence:
+            raise messages.stale_fence(guard.lock.resource, guard.lock.fence, newest)
+        if claim_key is not None and state["claim_ok"] is None:
+            raise messages.claim_lost(claim_key)
+
+    @staticmethod
+    def _transition(tx: Tx, query: str, params: dict[str, Any]) -> None:
+        if tx.run(query, params) != 1:
+            raise messages.stale_lease(params["job_id"], params["lease_token"], query)
+
+    @staticmethod
+    def _close_attempt(
+        tx: Tx,
+        guard: Guard,
+        closing: Closing,
+        outcome: Outcome,
+        error: ErrorInfo | None,
+        now: float,
+    ) -> None:
+        tx.run(
+            "close_attempt",
+            {
+                "attempt_id": guard.attempt_id,
+                "outcome": outcome.value,
+                "now": now,
+                "duration_s": closing.duration_s,
+                "error_type": error.type if error else None,
+                "error_message": error.message if error else None,
+                "traceback": error.traceback if error else None,
+                "lock_owner": guard.lock.owner if guard.lock else None,
+                "fence": _fence_of(guard),
+                "steps_run": closing.steps_run,
+                "steps_skipped": closing.steps_skipped,
+            },
+        )
+
+    @staticmethod
+    def _drop_lock(tx: Tx, guard: Guard) -> None:
+        if guard.lock is not None:
+            tx.run("release_lock", {"resource": guard.lock.resource, "owner": guard.lock.owner})
+
+    # -- queue port -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _insert(tx: Tx, spec: JobSpec, now: float) -> Job:
+        if spec.dedup_key is not None:
+            # Serialises enqueues of one key where writers run in parallel (PostgreSQL).
+            tx.run("lock_dedup_key", {"dedup_key": spec.dedup_key})
+            existing = tx.one("live_dedup_job", {"dedup_key": spec.dedup_key, "now": now})
+            if existing is not None:
+                tx.run("count_dedup_hit", {"id": existing["id"]})
+                return rows.job(existing, deduplicated=True)
+        row = tx.one(
+            "insert_job",
+            {
+                "task": spec.task,
+                "queue": spec.queue,
+                "payload": spec.payload,
+                "priority": spec.priority,
+                "run_at": now + spec.delay_s,
+                "max_attempts": spec.max_attempts,
+                "visibility_timeout_s": spec.visibility_timeout_s,
+                "operation_key": spec.operation_key,
+                "resource_key": spec.resource_key,
+                "lock_ttl_s": spec.lock_ttl_s,
+                "dedup_key": spec.dedup_key,
+                "dedup_window_s": spec.dedup_window_s,
+                "headers": spec.headers,
+                "now": now,
+            },
+        )
+        assert row is not None  # INSERT ... RETURNING
+        return rows.job(row)
+
+    def enqueue(self, spec: JobSpec, *, connection: Any = None) -> Job:
+        """Store a job or return the live holder of its dedup key (one transaction)."""
+        return self.enqueue_many([spec], connection=connection)[0]
+
+    def enqueue_many(self, specs: Sequence[JobSpec], *, connection: Any = None) -> list[Job]:
+        """Store jobs in one transaction (each deduplicated); see :class:`QueuePort`."""
+
+        def op(tx: Tx) -> list[Job]:
+            now = tx.now()
+            return [self._insert(tx, spec, now) for spec in specs]
+
+        if connection is not None:
+            # The caller's transaction: its commit wakes workers (PostgreSQL) or they poll.
+            return op(self.driver.adopt(connection))
+        jobs = self.driver.write(op)
+        added = sorted({job.queue for job in jobs if not job.deduplicated})
+        if added:
+            self.driver.jobs_added(added)
+        return jobs
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
+        """Block until an enqueue may have added work, or ``timeout_s`` passed."""
+        self.driver.wait_for_jobs(queues, timeout_s)
+
+    def fetch(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        rules: Mapping[str, DeliveryRules] | None = None,
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` ready jobs (one transaction); see :class:`QueuePort`."""
+        task_rules = rules or {}
+
+        # Idle polling must not queue up behind writers: look first, on a read connection.
+        def ready(tx: Tx) -> bool:
+            return tx.one("any_ready", {"queues": list(queues), "now": tx.now()}) is not None
+
+        if not self.driver.read(ready):
+            return []
+
+        def op(tx: Tx) -> list[Delivery]:
+            now = tx.now()
+            picked: list[Row] = []
+            for queue in queues:
+                if len(picked) >= limit:
+                    break
+                params = {"queue": queue, "now": now, "limit": limit - len(picked)}
+                picked.extend(tx.all("ready_jobs", params))
+            spent = self._close_expired(tx, picked, task_rules, now)
+            live = [row for row in picked if row["id"] not in spent]
+            if not live:
+                return []
+            return self._lease(tx, live, task_rules, worker_id, now)
+
+        return self.driver.write(op)
+
+    @staticmethod
+    def _close_expired(
+        tx: Tx, picked: Sequence[Row], rules: Mapping[str, DeliveryRules], now: float
+    ) -> set[int]:
+        """Close the attempts of expired leases as lost; bury the jobs whose attempts are spent.
+
+        Returns the ids of the buried jobs (they are not leased again).
+        """
+        expired = [row for row in picked if row["status"] == JobStatus.RUNNING]
+        if not expired:
+            return set()
+        tokens = [row["lease_token"] for row in expired]
+        tx.run("close_lost_attempts", {"tokens": tokens, "now": now})
+        spent = set()
+        for row in expired:
+            rule = rules.get(row["task"])
+            if row["attempts"] >= (rule.max_attempts if rule else row["max_attempts"]):
+                spent.add(row["id"])
+        if spent:
+            params = {"ids": sorted(spent), "code": DeadCode.LOST.value, "now": now}
+            tx.run("bury_lost", params)
+        return spent
+
+    @staticmethod
+    def _lease(
+        tx: Tx,
+        picked: Sequence[Row],
+        rules: Mapping[str, DeliveryRules],
+        worker_id: str,
+        now: float,
+    ) -> list[Delivery]:
+        """New leases for ``picked`` (one statement per lease length), each with an attempt row."""
+        by_lease: dict[float | None, list[int]] = {}
+        for row in picked:
+            rule = rules.get(row["task"])
+            by_lease.setdefault(rule.visibility_timeout_s if rule else None, []).append(row["id"])
+        leased: dict[int, Row] = {}
+        for lease_s, ids in by_lease.items():
+            params = {"ids": ids, "worker_id": worker_id, "lease_s": lease_s, "now": now}
+            leased.update((row["id"], row) for row in tx.all("lease_jobs", params))
+        order = [row["id"] for row in picked]
+        attempt_ids = {
+            row["job_id"]: row["id"]
+            for row in tx.all("insert_attempts", {"ids": order, "now": now})
+        }
+        return [rows.delivery(leased[job_id], attempt_ids[job_id]) for job_id in order]
+
+    def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
+        """Extend every lease and lock still ours, in one transaction."""
+
+        def op(tx: Tx) -> list[RenewalResult]:
+            now = tx.now()
+            results: list[RenewalResult] = []
+            for item in renewals:
+                lease_ok = (
+                    tx.run(
+                        "extend_lease",
+                        {
+                            "job_id": item.guard.job_id,
+                            "lease_token": item.guard.lease_token,
+                            "visibility_timeout_s": item.visibility_timeout_s,
+                            "now": now,
+                        },
+                    )
+                    == 1
+                )
+                lock_ok = True
+                lock = item.guard.lock
+                if lock is not None and item.lock_ttl_s is not None:
+                    params = {
+                        "resource": lock.resource,
+                        "owner": lock.owner,
+                        "expires_at": now + item.lock_ttl_s,
+                    }
+                    lock_ok = tx.run("renew_lock", params) == 1
+                results.append(RenewalResult(lease_ok=lease_ok, lock_ok=lock_ok))
+            return results
+
+        return self.driver.write(op)
+
+    def _finish_one(self, tx: Tx, request: FinishRequest, now: float) -> None:
+        guard = request.guard
+        params = {"job_id": guard.job_id, "lease_token": guard.lease_token, "now": now}
+        self._transition(tx, "finish_job", params)
+        self._check_fence(tx, guard)
+        if request.operation_key is not None and request.outcome == Outcome.COMPLETED:
+            completed = tx.run(
+                "complete_operation",
+                {
+                    "key": request.operation_key,
+                    "owner_lease": guard.lease_token,
+                    "result": request.result_json,
+                    "external_ref": request.external_ref,
+                    "fence": _fence_of(guard),
+                    "now": now,
+                },
+            )
+            if completed != 1:
+                raise messages.claim_lost(request.operation_key)
+        self._close_attempt(tx, guard, request.closing, request.outcome, None, now)
+        self._drop_lock(tx, guard)
+
+    def finish_many(self, requests: Sequence[FinishRequest]) -> list[JobGuardError | None]:
+        """Ack many deliveries in one transaction, each all-or-nothing on its own."""
+
+        def op(tx: Tx) -> list[JobGuardError | None]:
+            now = tx.now()
+            refused: list[JobGuardError | None] = []
+            for request in requests:
+                try:
+                    with tx.savepoint():
+                        self._finish_one(tx, request, now)
+                    refused.append(None)
+                except GuardLost as exc:
+                    refused.append(exc)
+                except StoreUnavailableError as exc:
+                    # One job's unstorable row must not fail the acks of the others.
+                    refused.append(exc)
+            return refused
+
+        return self.driver.write(op)
+
+    def _settle(
+        self,
+        guard: Guard,
+        closing: Closing,
+        *,
+        query: str,
+        outcome: Outcome,
+        delay_s: float = 0.0,
+        code: DeadCode | None = None,
+        reason: str | None = None,
+        error: ErrorInfo | None = None,
+        claim_key: str | None = None,
+        claim_status: OperationStatus = OperationStatus.PROCESSING,
+    ) -> None:
+        """End a delivery: move the job, drop the operation claim, close the attempt, unlock."""
+
+        def op(tx: Tx) -> None:
+            now = tx.now()
+            last_error = f"{error.type}: {error.message}" if error else None
+            self._transition(
+                tx,
+                query,
+                {
+                    "job_id": guard.job_id,
+                    "lease_token": guard.lease_token,
+                    "now": now,
+                    "run_at": now + delay_s,
+                    "code": code.value if code else None,
+                    "reason": reason,
+                    "last_error": last_error,
+                    "error_signature": error.signature if error else None,
+                    "same_error_count": error.same_count if error else 0,
+                },
+            )
+            if claim_key is not None:
+                tx.run(
+                    "fail_operation",
+                    {
+                        "key": claim_key,
+                        "owner_lease": guard.lease_token,
+                        "status": claim_status.value,
+                        "last_error": reason or last_error,
+                        "now": now,
+                    },
+                )
+            self._close_attempt(tx, guard, closing, outcome, error, now)
+            self._drop_lock(tx, guard)
+
+        self.driver.write(op)
+
+    def retry(
+        self,
+        guard: Guard,
+        closing: Closing,
+        *,
+        delay_s: float,
+        error: ErrorInfo,
+        operation_key: str | None = None,
+    ) -> None:
+        """Requeue after ``delay_s`` with the error recorded (one transaction)."""
+        self._settle(
+            guard,
+            closing,
+            query="retry_job",
+            outcome=Outcome.RETRY,
+            delay_s=delay_s,
+            error=error,
+            claim_key=operation_key,
+        )
+
+    def defer(self, guard: Guard, closing: Closing, *, delay_s: float, reason: str) -> None:
+        """Requeue after ``delay_s`` without charging the attempt (one transaction)."""
+        busy = ErrorInfo(type="ResourceBusy", message=reason)
+        self._settle(
+            guard, closing, query="defer_job", outcome=Outcome.DEFERRED, delay_s=delay_s, error=busy
+        )
+
+    def bury(
+        self,
+        guard: Guard,
+        closing: Closing,
+        *,
+        code: DeadCode,
+        reason: str,
+        error: ErrorInfo | None,
+        operation_key: str | None = None,
+    ) -> None:
+        """Move the job to the dead letter queue; fail its operation (one transaction)."""
+        self._settle(
+            guard,
+            closing,
+            query="bury_job",
+            outcome=Outcome.DEAD,
+            code=code,
+            reason=reason,
+            error=error,
+            claim_key=operation_key,
+            claim_status=OperationStatus.FAILED,
+        )
+
+    def release(self, guards: Sequence[Guard]) -> int:
+        """Hand leases back without charging attempts; skip stale ones (one transaction)."""
+
+        def op(tx: Tx) -> int:
+            now = tx.now()
+            released = 0
+            for guard in guards:
+                params = {"job_id": guard.job_id, "lease_token": guard.lease_token, "now": now}
+                if tx.run("release_job", params) != 1:
+                    continue
+                released += 1
+                tx.run("unclaim_operation", {"owner_lease": guard.lease_token, "now": now})
+                self._close_attempt(tx, guard, Closing(0.0), Outcome.RELEASED, None, now)
+                self._drop_lock(tx, guard)
+            return released
+
+        return self.driver.write(op)
+
+    def record_refusal(
+        self, guard: Guard, outcome: Outcome, closing: Closing, message: str
+    ) -> None:
+        """Mark the stale delivery's attempt row as refused (metadata only)."""
+
+        def op(tx: Tx) -> None:
+            tx.run(
+                "mark_attempt",
+                {
+                    "attempt_id": guard.attempt_id,
+                    "outcome": outcome.value,
+                    "now": tx.now(),
+                    "duration_s": closing.duration_s,
+                    "error_type": "LeaseLostError"
+                    if outcome == Outcome.LEASE_REFUSED
+                    else "StaleFenceError",
+                    "error_message": message,
+                    "steps_run": closing.steps_run,
+                    "steps_skipped": closing.steps_skipped,
+                },
+            )
+
+        self.driver.write(op)
+
+    def _read_all(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        return self.driver.read(lambda tx: tx.all(name, params))
+
+    def get_job(self, job_id: int) -> Job:
+        """One job by id."""
+        found = self._read_all("job_by_id", {"id": job_id})
+        if not found:
+            raise NotFoundError(f"no job with id {job_id}")
+        return rows.job(found[0])
+
+    def list_jobs(self, status: JobStatus | None = None, limit: int = 100) -> list[Job]:
+        """Newest first, optionally filtered by status."""
+        params = {"status": status.value if status else None, "limit": limit}
+        return [rows.job(row) for row in self._read_all("jobs_by_status", params)]
+
+    def count_jobs(self) -> dict[JobStatus, int]:
+        """Jobs per state (every state present, zero if none)."""
+        counts = dict.fromkeys(JobStatus, 0)
+        for row in self._read_all("count_by_status", {}):
+            counts[JobStatus(row["status"])] = int(row["n"])
+        return counts
+
+    def dead_jobs(self, limit: int = 100) -> list[Job]:
+        """Jobs in the dead letter queue, most recently buried first."""
+        return [rows.job(row) for row in self._read_all("dead_jobs", {"limit": limit})]
+
+    def replay(self, job_id: int) -> Job:
+        """Dead job back to the queue with the same id and keys."""
+
+        def op(tx: Tx) -> Job:
+            now = tx.now()
+            row = tx.one("job_by_id_for_update", {"id": job_id})
+            if row is None:
+                raise NotFoundError(f"no job with id {job_id}")
+            if row["status"] != JobStatus.DEAD:
+                raise NotFoundError(
+                    f"job {job_id} is {row['status']}, not in the dead letter queue"
+                )
+            if row["dedup_key"] is not None:
+                tx.run("lock_dedup_key", {"dedup_key": row["dedup_key"]})
+                holder = tx.one("live_dedup_job", {"dedup_key": row["dedup_key"], "now": now})
+                if holder is not None:
+                    raise DuplicateJobError(
+                        f"job {job_id} cannot be replayed: job {holder['id']} ({holder['status']}) "
+                        f"holds its dedup key {row['dedup_key']!r}; replaying would run the same "
+                        "work twice"
+                    )
+            replayed = tx.one("replay_job", {"job_id": job_id, "now": now})
+            assert replayed is not None  # the row was locked and dead
+            return rows.job(replayed)
+
+        job = self.driver.write(op)
+        self.driver.jobs_added([job.queue])
+        return job
+
+    def prune_completed(self, older_than_s: float, batch_size: int = 1000) -> int:
+        """Delete completed jobs finished over ``older_than_s`` ago, with their attempt rows.
+
+        One short transaction per ``batch_size`` jobs, so workers are never held up for long.
+        """
+        if not older_than_s >= 0 or batch_size < 1:
+            raise ConfigurationError("older_than_s must be >= 0 and batch_size >= 1")
+
+        def op(tx: Tx) -> int:
+            now = tx.now()
+            params = {"cutoff": now - older_than_s, "now": now, "limit": batch_size}
+            ids = [row["id"] for row in tx.all("prunable_jobs", params)]
+            if not ids:
+                return 0
+            tx.run("prune_attempts", {"ids": ids})
+            return tx.run("prune_jobs", {"ids": ids})
+
+        pruned = 0
+        while batch := self.driver.write(op):
+            pruned += batch
+        return pruned
+
+    def purge(self, job_id: int | None = None) -> int:
+        """Delete dead jobs (one, or all) and their attempts."""
+
+        def op(tx: Tx) -> int:
+            tx.run("purge_attempts", {"job_id": job_id})
+            return tx.run("purge_jobs", {"job_id": job_id})
+
+        return self.driver.write(op)
+
+    # -- lock port ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _grant(
+        tx: Tx,
+        resource: str,
+        owner: str,
+        ttl_s: float,
+        attempt_id: int | None,
+        now: float,
+    ) -> LockGrant | None:
+        expires_at = now + ttl_s
+        params = {"resource": resource, "owner": owner, "expires_at": expires_at, "now": now}
+        row = tx.one("grant_lock", params)
+        if row is None:
+            return None
+        if attempt_id is not None:
+            params = {"attempt_id": attempt_id, "lock_owner": owner, "fence": row["fence"]}
+            tx.run("attempt_lock", params)
+        return LockGrant(resource=resource, owner=owner, fence=row["fence"], expires_at=expires_at)
+
+    def acquire_lock(
+        self, resource: str, owner: str, ttl_s: float, *, attempt_id: int | None = None
+    ) -> LockGrant | None:
+        """Grant the lock if free or expired, with the next fence (one transaction)."""
+        return self.driver.write(
+            lambda tx: self._grant(tx, resource, owner, ttl_s, attempt_id, tx.now())
+        )
+
+    def renew_lock(self, grant: LockGrant, ttl_s: float) -> bool:
+        """Extend the lock if ``grant.owner`` still owns it."""
+
+        def op(tx: Tx) -> bool:
+            params = {
+                "resource": grant.resource,
+                "owner": grant.owner,
+                "expires_at": tx.now() + ttl_s,
+            }
+            return tx.run("renew_lock", params) == 1
+
+        return self.driver.write(op)
+
+    def release_lock(self, grant: LockGrant) -> bool:
+        """Free the lock if ``grant.owner`` still owns it."""
+
+        def op(tx: Tx) -> bool:
+            return tx.run("release_lock", {"resource": grant.resource, "owner": grant.owner}) == 1
+
+        return self.driver.write(op)
+
+    def lock_fence(self, resource: str) -> int:
+        """The last fence issued for ``resource`` (0 if never locked)."""
+        found = self._read_all("lock_row", {"resource": resource})
+        return int(found[0]["fence"]) if found else 0
+
+    # -- operation port -------------------------------------------------------------------------
+
+    @staticmethod
+    def _claim(
+        tx: Tx, guard: Guard, key: str, resource_key: str | None, now: float
+    ) -> Operation | None:
+        """Get-or-create the record and claim it; ``None`` if a live delivery holds it."""
+        fence = _fence_of(guard)
+        row = tx.one("operation_row_for_update", {"key": key})
+        if row is None:
+            params = {
+                "key": key,
+                "resource_key": resource_key,
+                "owner_lease": guard.lease_token,
+                "fence": fence,
+                "now": now,
+            }
+            # Insert and claim return the row as written: no second read of it.
+            row = tx.one("insert_operation", params)
+            if row is not None:
+                return rows.operation(row, [])
+            # A concurrent delivery inserted the key first (PostgreSQL): go on with its row.
+            row = tx.one("operation_row_for_update", {"key": key})
+            assert row is not None  # committed by the transaction this one waited for
+        if row["status"] != OperationStatus.COMPLETED:
+            holder = row["owner_lease"]
+            if holder and holder != guard.lease_token:
+                alive = tx.one("lease_holder_alive", {"owner_lease": holder, "now": now})
+                if alive is not None:
+                    return None
+            params = {"key": key, "owner_lease": guard.lease_token, "fence": fence, "now": now}
+            row = tx.one("claim_operation", params)
+            assert row is not None  # the row is locked and not completed
+        steps = tx.all("steps_of_operation", {"key": key})
+        return rows.operation(row, steps)
+
+    def _begin_one(self, tx: Tx, guard: Guard, request: BeginRequest, now: float) -> Begun:
+        self._verify(tx, guard, None)
+        current = guard
+        held = guard.lock is not None and guard.lock.resource == request.resource_key
+        if request.resource_key is not None and not held:
+            grant = self._grant(
+                tx,
+                request.resource_key,
+                request.lock_owner,
+                request.lock_ttl_s,
+                guard.attempt_id,
+                now,
+            )
+            if grant is None:
+                return Begun(busy=BusyReason.LOCK)
+            current = replace(guard, lock=grant)
+        if request.operation_key is None:
+            return Begun(grant=current.lock)
+        operation = self._claim(tx, current, request.operation_key, request.resource_key, now)
+        if operation is None:
+            self._drop_lock(tx, current)
+            # The attempt row must not name a lock this delivery gave straight back.
+            params = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
+            tx.run("attempt_lock", params)
+            return Begun(busy=BusyReason.OPERATION)
+        return Begun(grant=current.lock, operation=operation)
+
+    def begin(self, guard: Guard, request: BeginRequest) -> Begun:
+        """Lock the resource and claim the operation together (one transaction)."""
+        return self.driver.write(lambda tx: self._begin_one(tx, guard, request, tx.now()))
+
+    def begin_many(self, items: Sequence[tuple[Guard, BeginRequest]]) -> list[Begun | None]:
+        """:meth:`begin` for many deliveries in one transaction; ``None`` for a stale lease.
+
+        Items are taken in the order of their resource keys (operation keys for unlocked ones;
+        input order among equals), so two workers beginning overlapping batches lock rows in
+        the same order and do not deadlock.
+        """
+
+        def lock_order(index: int) -> tuple[str, str]:
+            request = items[index][1]
+            if request.resource_key is not None:  # one resource: first come, first served
+                return request.resource_key, ""
+            return "", request.operation_key or ""
+
+        order = sorted(range(len(items)), key=lock_order)
+
+        def op(tx: Tx) -> list[Begun | None]:
+            now = tx.now()
+            results: list[Begun | None] = [None] * len(items)
+            for index in order:
+                guard, request = items[index]
+                try:
+                    with tx.savepoint():
+                        results[index] = self._begin_one(tx, guard, request, now)
+                except LeaseLostError:
+                    results[index] = None
+            return results
+
+        return self.driver.write(op)
+
+    def _insert_step(
+        self, tx: Tx, guard: Guard, key: str, name: str, result_json: str, now: float
+    ) -> None:
+        params = {
+            "key": key,
+            "name": name,
+            "result": result_json,
+            "fence": _fence_of(guard),
+            "now": now,
+        }
+        tx.run("insert_step", params)
+
+    def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
+        """Record a completed step (one transaction, guarded)."""
+
+        def op(tx: Tx) -> None:
+            self._verify(tx, guard, key)
+            self._insert_step(tx, guard, key, name, result_json, tx.now())
+
+        self.driver.write(op)
+
+    def db_step(
+        self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
+    ) -> tuple[bool, Any]:
+        """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
+
+        def op(tx: Tx) -> tuple[bool, Any]:
+            self._verify(tx, guard, key)
+            stored = tx.one("step_row", {"key": key, "name": name})
+            if stored is not None:
+                return False, json.loads(stored["result"])
+            try:
+                with self.driver.step_connection(tx) as conn:
+                    value = fn(conn, *args)
+                result_json = json.dumps(value)
+            except Exception as exc:
+                # The user's own error: nothing of the step commits, and it reaches the handler
+                # as raised (SQL errors of its statements already wrapped as StepSQLError).
+                raise UserCodeError(exc) from exc
+            self._insert_step(tx, guard, key, name, result_json, tx.now())
+            return True, value
+
+        return self.driver.write(op)
+
+    def get_operation(self, key: str) -> Operation | None:
+        """The operation record with its steps, or ``None``."""
+
+        def op(tx: Tx) -> Operation | None:
+            row = tx.one("operation_row", {"key": key})
+            if row is None:
+                return None
+            return rows.operation(row, tx.all("steps_of_operation", {"key": key}))
+
+        return self.driver.read(op)
+
+    # -- attempt port ---------------------------------------------------------------------------
+
+    def attempts(
+        self,
+        *,
+        job_id: int | None = None,
+        operation_key: str | None = None,
+        limit: int = 1000,
+    ) -> list[Attempt]:
+        """Attempts of a job or an operation in order, else the most recent ``limit``."""
+        if job_id is not None:
+            found = self._read_all("attempts_of_job", {"job_id": job_id})
+        elif operation_key is not None:
+            found = self._read_all("attempts_of_operation", {"operation_key": operation_key})
+        else:
+            found = list(reversed(self._read_all("recent_attempts", {"limit": limit})))
+        return [rows.attempt(row) for row in found]

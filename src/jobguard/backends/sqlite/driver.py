@@ -1,0 +1,239 @@
+"""The SQLite driver: one database file, group commit, the host clock, socket wake-ups.
+
+Everything the store does lives in :class:`~jobguard.backends.sql.store.SQLStore`; this module
+only opens connections, runs the named statements of ``queries.sql`` and owns what is SQLite's
+own: lists passed as JSON (``json_each``), writes serialised by the file lock, the authorizer
+that keeps ``db_step`` code from ending the step's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from jobguard.backends._sql import load_queries
+from jobguard.backends.sql.driver import Row, Tx
+from jobguard.backends.sqlite.clock import host_clock
+from jobguard.backends.sqlite.connection import (
+    ProcessLocal,
+    SQLiteOptions,
+    conn_path,
+    migrate,
+    open_connection,
+)
+from jobguard.backends.sqlite.wake import Waker
+from jobguard.exceptions import (
+    ConfigurationError,
+    StepSQLError,
+    StoreBrokenError,
+    StoreUnavailableError,
+)
+
+T = TypeVar("T")
+
+Q = load_queries("jobguard.backends.sqlite")
+
+
+def _param(value: Any) -> Any:
+    """Lists reach SQLite as JSON text, read back with ``json_each``."""
+    return json.dumps(value) if isinstance(value, list | tuple) else value
+
+
+class SQLiteTx:
+    """Named statements on one SQLite connection inside a transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
+        self._conn = conn
+        self._clock = clock
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The ``sqlite3`` connection of this transaction."""
+        return self._conn
+
+    def _execute(self, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
+        cursor = self._conn.cursor()
+        cursor.row_factory = sqlite3.Row  # also on a caller's own connection (adopt)
+        return cursor.execute(Q[name], {key: _param(value) for key, value in params.items()})
+
+    def one(self, name: str, params: Mapping[str, Any]) -> Row | None:
+        """First row of a named statement, or ``None``."""
+        row: Row | None = self._execute(name, params).fetchone()
+        return row
+
+    def all(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        """Every row of a named statement."""
+        return list(self._execute(name, params).fetchall())
+
+    def run(self, name: str, params: Mapping[str, Any]) -> int:
+        """Rows changed by a named statement."""
+        return int(self._execute(name, params).rowcount)
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested unit rolled back alone if the block raises."""
+        self._conn.execute("SAVEPOINT item")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK TO item")
+            raise
+        finally:
+            self._conn.execute("RELEASE item")
+
+    def now(self) -> float:
+        """The store clock (the host clock, or the one a test injected)."""
+        return self._clock()
+
+
+def _deny_transaction_control(action: int, *_: str | None) -> int:
+    """SQLite authorizer for user code inside a db_step: no BEGIN/COMMIT/ROLLBACK/SAVEPOINT."""
+    if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+class StepConnection:
+    """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
+
+    ``commit``, ``rollback`` and ``executescript`` are deliberately absent: the step record and the
+    business writes must commit together, so the transaction is not the caller's. Errors of the
+    statements are raised as :class:`~jobguard.exceptions.StepSQLError`.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
+        """Run one statement in the step's transaction."""
+        try:
+            return self._conn.execute(sql, parameters)
+        except sqlite3.Error as exc:
+            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+
+    def executemany(self, sql: str, seq_of_parameters: Any) -> sqlite3.Cursor:
+        """Run one statement for each parameter set, in the step's transaction."""
+        try:
+            return self._conn.executemany(sql, seq_of_parameters)
+        except sqlite3.Error as exc:
+            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+
+
+class SQLiteDriver:
+    """Connections to one database file, shared by the threads and forked processes of a host.
+
+    Args:
+        path: The database file (created, and migrated to the newest schema, if needed).
+        synchronous: ``FULL`` (a commit survives power loss) or ``NORMAL``.
+        busy_timeout_s: How long a write waits for another process's transaction.
+        clock: The store clock; default the host clock (see :mod:`.clock`). Tests inject one.
+    """
+
+    dialect = "sqlite"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str = "FULL",
+        busy_timeout_s: float = 30.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self._options = SQLiteOptions(path, synchronous, busy_timeout_s)
+        conn = open_connection(self._options)
+        try:
+            migrate(conn)
+            self._clock: Callable[[], float] = clock or host_clock(conn)
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(f"cannot open SQLite database {path!r}: {exc}") from exc
+        finally:
+            conn.close()
+        self._inode = _inode(path)
+        self._local = ProcessLocal(self._options)
+        self._waker = Waker(path)
+
+    def write(self, fn: Callable[[SQLiteTx], T]) -> T:
+        """Run ``fn`` in a durable transaction (grouped with other threads' writes)."""
+        return self._local.committer().run(lambda conn: fn(SQLiteTx(conn, self._clock)))
+
+    def read(self, fn: Callable[[SQLiteTx], T]) -> T:
+        """Run ``fn`` on this thread's read connection."""
+        try:
+            return fn(SQLiteTx(self._local.reader(), self._clock))
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(f"SQLite read failed: {exc}") from exc
+
+    def adopt(self, connection: Any) -> SQLiteTx:
+        """The caller's own open ``sqlite3`` connection to this file, inside its transaction."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigurationError(
+                "connection= must be a sqlite3.Connection to the store's file, "
+                f"not {type(connection).__name__}"
+            )
+        try:
+            theirs = conn_path(connection)
+        except sqlite3.Error as exc:
+            raise ConfigurationError(f"connection= cannot be used: {exc}") from exc
+        if not theirs or os.path.realpath(theirs) != os.path.realpath(self.path):
+            raise ConfigurationError(
+                f"connection= is open on {theirs or 'an in-memory database'!r}, not on the "
+                f"store's file {self.path!r}"
+            )
+        if connection.isolation_level is None and not connection.in_transaction:
+            raise ConfigurationError(
+                "connection= is in autocommit mode outside a transaction: run BEGIN first, "
+                "so the job commits or rolls back with your writes"
+            )
+        return SQLiteTx(connection, self._clock)
+
+    @contextmanager
+    def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
+        """The connection ``db_step`` code gets; it cannot end the step's transaction."""
+        conn: sqlite3.Connection = tx.connection
+        # fn must not end the step's transaction (COMMIT, ROLLBACK, RELEASE): its rows would
+        # then commit without the step record.
+        conn.set_authorizer(_deny_transaction_control)
+        try:
+            yield StepConnection(conn)
+        finally:
+            conn.set_authorizer(None)
+
+    def now(self) -> float:
+        """The store clock."""
+        return self._clock()
+
+    def jobs_added(self, queues: Sequence[str]) -> None:
+        """Wake idle workers on this host (any queue: the wake-up is cheap, the check is too)."""
+        self._waker.notify()
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
+        """Sleep until an enqueue on this host wakes us, or ``timeout_s``.
+
+        Also notices a store file that was deleted or replaced under a running worker, which
+        would otherwise go on reading the old file and never see a new job.
+        """
+        if _inode(self.path) != self._inode:
+            raise StoreBrokenError(
+                f"the SQLite file {self.path!r} was deleted or replaced while in use; "
+                "restart the worker on the current file"
+            )
+        self._waker.wait(timeout_s)
+
+    def close(self) -> None:
+        """Close this process's connections and its wake-up socket."""
+        self._waker.close()
+        self._local.close()
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino

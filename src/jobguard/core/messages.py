@@ -1,0 +1,51 @@
+"""Every sentence the store's facts turn into, in one place.
+
+Stores record facts (reason codes, counts, tokens); the words a person reads are made here, so a
+SQL file or a Lua script never holds a sentence and every backend says the same thing.
+"""
+
+from __future__ import annotations
+
+from jobguard.exceptions import LeaseLostError, StaleFenceError
+from jobguard.models import BusyReason, DeadCode
+
+
+def never_reported_back(attempts: int, max_attempts: int) -> str:
+    """Why a job whose last allowed delivery died with its worker is in the dead letter queue."""
+    return (
+        f"attempts exhausted ({attempts}/{max_attempts}): the worker never reported back "
+        "(crashed, killed or stalled past its lease)"
+    )
+
+
+def dead_reason(code: str | None, text: str | None, attempts: int, max_attempts: int) -> str | None:
+    """The reason shown for a dead job: the stored text, or the words for its code."""
+    if text:
+        return text
+    if code == DeadCode.LOST:
+        return never_reported_back(attempts, max_attempts)
+    return code
+
+
+def busy(reason: BusyReason, resource_key: str | None, operation_key: str | None) -> str:
+    """Why a delivery must wait: the resource lock or the operation claim is held."""
+    if reason is BusyReason.LOCK:
+        return f"resource is busy: {resource_key}"
+    return f"operation {operation_key!r} is in progress"
+
+
+def stale_lease(job_id: int, lease_token: str, what: str = "write") -> LeaseLostError:
+    """The refusal of a write whose lease token is no longer the job's."""
+    return LeaseLostError(f"job {job_id}: lease {lease_token[:8]} is stale; {what} refused")
+
+
+def claim_lost(operation_key: str) -> LeaseLostError:
+    """The refusal of a write by a delivery that no longer holds the operation's claim."""
+    return LeaseLostError(f"operation {operation_key!r} is no longer claimed by this delivery")
+
+
+def stale_fence(resource: str, fence: int, newest: int) -> StaleFenceError:
+    """The refusal of a write whose lock grant is older than the newest for its resource."""
+    return StaleFenceError(
+        f"resource {resource!r}: fence {fence} is stale (fence {newest} was granted since)"
+    )
