@@ -30,3 +30,12 @@ def app(db_path: Path) -> Iterator[App]:
     application = App(f"sqlite:///{db_path}")
     yield application
     application.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_session_database() -> Iterator[None]:
+    """Drop the PostgreSQL database this session made (if any) when the session ends."""
+    from tests.support import pg
+
+    yield
+    pg.drop_session_database()

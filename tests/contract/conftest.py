@@ -12,16 +12,23 @@ from pathlib import Path
 import pytest
 
 from jobguard.backends.base import Backend
+from jobguard.backends.postgres import PostgresBackend
 from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.testing import ControlledClock
+from tests.support import pg
 
 
 def _sqlite(tmp_path: Path, clock: ControlledClock) -> Backend:
     return SQLiteBackend(str(tmp_path / "contract.db"), clock=clock)
 
 
+def _postgres(tmp_path: Path, clock: ControlledClock) -> Backend:
+    return PostgresBackend(pg.fresh_store_url(pg.session_database()), clock=clock)
+
+
 BACKENDS: dict[str, Callable[[Path, ControlledClock], Backend]] = {
     "sqlite": _sqlite,
+    "postgres": _postgres,
 }
 
 
@@ -39,3 +46,13 @@ def backend(
     store = BACKENDS[request.param](tmp_path, clock)
     yield store
     store.close()
+
+
+def business_table(backend: Backend, name: str) -> str:
+    """Where a test's own business table goes: beside the store, never shared between tests.
+
+    A SQLite store is a file of its own; a PostgreSQL store is a schema of its own in the
+    session's database, so the table is qualified with it.
+    """
+    schema = getattr(getattr(backend, "driver", None), "schema", None)
+    return f'"{schema}".{name}' if schema else name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 
@@ -42,14 +43,16 @@ def test_an_empty_query_is_refused() -> None:
         _sql.parse_queries("-- name: nothing\n\n-- name: something\nSELECT 1;\n")
 
 
-DRIVERS = ["jobguard.backends.sqlite"]
+DRIVERS = ["jobguard.backends.sqlite", "jobguard.backends.postgres"]
 
 
 @pytest.mark.parametrize("package", DRIVERS)
 def test_every_query_the_store_uses_is_defined_and_every_defined_one_is_used(package: str) -> None:
     """No ``KeyError`` waiting in a rare code path, and no dead SQL in any driver's queries.sql."""
     defined = set(_sql.load_queries(package))
-    source = inspect.getsource(store)
+    source = inspect.getsource(store) + inspect.getsource(
+        importlib.import_module(package + ".driver")
+    )
     used = set(re.findall(r'(?:one|all|run|_read_all)\(\s*"([a-z_0-9]+)"', source))
     # Names also travel as plain strings (``query="retry_job"``); any mention counts as a use.
     mentioned = set(re.findall(r'"([a-z_0-9]+)"', source))

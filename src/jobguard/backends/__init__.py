@@ -8,6 +8,7 @@ from jobguard.backends.base import Backend
 from jobguard.exceptions import ConfigurationError
 
 DEFAULT_URL = "sqlite:///jobguard.db"
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
 def sqlite_path(url: str) -> str:
@@ -40,17 +41,45 @@ def check_store_url(url: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":
         sqlite_path(url)
+    elif scheme in POSTGRES_SCHEMES:
+        from jobguard.backends.postgres.url import parse_postgres_url
+
+        parse_postgres_url(url)
     else:
         raise ConfigurationError(
             f"unsupported store URL scheme {scheme!r}; jobguard stores jobs in SQLite "
-            "(sqlite:///path/to/file.db)"
+            "(sqlite:///path/to/file.db) or PostgreSQL (postgresql://user@host/dbname)"
         )
     return url
 
 
 def open_backend(url: str | None = None) -> Backend:
-    """Open the backend a URL names: ``sqlite:///path`` (the default)."""
+    """Open the backend a URL names: ``sqlite:///path`` (the default) or ``postgresql://…``."""
     url = check_store_url(DEFAULT_URL if url is None else url)
-    from jobguard.backends.sqlite import SQLiteBackend
+    if urlsplit(url).scheme == "sqlite":
+        from jobguard.backends.sqlite import SQLiteBackend
 
-    return SQLiteBackend(sqlite_path(url))
+        return SQLiteBackend(sqlite_path(url))
+    from jobguard.backends.postgres import PostgresBackend
+
+    return PostgresBackend(url)
+
+
+def migrate_store(url: str | None = None, *, dry_run: bool = False) -> tuple[int, list[str]]:
+    """Bring the store at ``url`` to the schema this jobguard knows; return (version, SQL run).
+
+    With ``dry_run`` nothing changes and the SQL that would run is returned. Needed before a
+    PostgreSQL store is first used (``jobguard migrate``); SQLite files migrate when opened.
+    """
+    url = check_store_url(DEFAULT_URL if url is None else url)
+    if urlsplit(url).scheme == "sqlite":
+        from jobguard.backends.sqlite.connection import SQLiteOptions, migrate, open_connection
+
+        conn = open_connection(SQLiteOptions(sqlite_path(url)))
+        try:
+            return migrate(conn, dry_run=dry_run)
+        finally:
+            conn.close()
+    from jobguard.backends.postgres.migrate import migrate_url
+
+    return migrate_url(url, dry_run=dry_run)

@@ -1,0 +1,334 @@
+"""The PostgreSQL driver: a connection pool, the server's clock, LISTEN/NOTIFY wake-ups.
+
+Everything the store does lives in :class:`~jobguard.backends.sql.store.SQLStore`; this module
+opens connections, runs the named statements of ``queries.sql`` (schema-qualified, so they also
+run on a caller's own connection) and owns what is PostgreSQL's own: row locks with
+``FOR UPDATE SKIP LOCKED`` in the statements, lists as arrays, advisory locks for dedup keys,
+transactions retried when the server aborts them for a deadlock or a serialization failure.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
+
+from jobguard.backends._sql import load_queries
+from jobguard.backends.postgres.url import parse_postgres_url
+from jobguard.backends.sql.driver import Row, Tx, UserCodeError
+from jobguard.exceptions import ConfigurationError, StepSQLError, StoreUnavailableError
+
+try:
+    import psycopg
+    from psycopg import errors, sql
+    from psycopg.pq import TransactionStatus
+    from psycopg.rows import dict_row, tuple_row
+    from psycopg_pool import ConnectionPool
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ConfigurationError(
+        "PostgreSQL needs the postgres extra: pip install 'jobguard[postgres]'"
+    ) from exc
+
+T = TypeVar("T")
+
+_RAW = load_queries("jobguard.backends.postgres")
+# The server aborted the transaction on its own; nothing of it committed, so it is run again.
+_RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
+_RETRIES = 5
+_CONNECT_TIMEOUT_S = 10
+# Statements a db_step function may not run: they would end the step's transaction.
+_TRANSACTION_CONTROL = re.compile(
+    r"^\s*(begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction)\b",
+    re.IGNORECASE,
+)
+
+
+def render_queries(schema: str) -> dict[str, str]:
+    """The named statements with jobguard's schema and notification channel filled in.
+
+    The names are quoted by psycopg (never formatted into SQL by hand); the schema name was
+    also checked to be a plain identifier where it was given.
+    """
+    values = {"schema": sql.Identifier(schema), "channel": sql.Literal(channel_of(schema))}
+    return {
+        name: sql.SQL(text).format(**values).as_string(None)
+        for name, text in _RAW.items()
+    }
+
+
+def channel_of(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of one jobguard schema."""
+    return f"{schema}_jobs"
+
+
+class PostgresTx:
+    """Named statements on one connection inside a transaction."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        queries: Mapping[str, str],
+        clock: Callable[[], float] | None,
+    ) -> None:
+        self._conn = conn
+        self._queries = queries
+        self._clock = clock
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """The psycopg connection of this transaction."""
+        return self._conn
+
+    def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
+        cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
+        return cursor.execute(self._queries[name], params)
+
+    def one(self, name: str, params: Mapping[str, Any]) -> Row | None:
+        """First row of a named statement, or ``None``."""
+        row: Row | None = self._execute(name, params).fetchone()
+        return row
+
+    def all(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        """Every row of a named statement."""
+        return list(self._execute(name, params).fetchall())
+
+    def run(self, name: str, params: Mapping[str, Any]) -> int:
+        """Rows changed by a named statement."""
+        return int(self._execute(name, params).rowcount)
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested unit (a savepoint) rolled back alone if the block raises."""
+        with self._conn.transaction():
+            yield
+
+    def now(self) -> float:
+        """The store clock: the server's ``clock_timestamp()`` (or the one a test injected)."""
+        if self._clock is not None:
+            return self._clock()
+        row = self.one("store_clock", {})
+        assert row is not None
+        return float(row["now"])
+
+
+class StepConnection:
+    """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
+
+    Placeholders are psycopg's (``%s`` or ``%(name)s``); rows come back as tuples. Statements
+    that would end the transaction are refused, and errors are raised as
+    :class:`~jobguard.exceptions.StepSQLError`.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, query: str, parameters: Any = None) -> psycopg.Cursor[Any]:
+        """Run one statement in the step's transaction."""
+        if _TRANSACTION_CONTROL.match(query):
+            raise StepSQLError(
+                "a db_step function may not begin, commit or roll back: its rows commit "
+                "together with the step record"
+            )
+        try:
+            return self._conn.cursor(row_factory=tuple_row).execute(query, parameters)
+        except psycopg.Error as exc:
+            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+
+    def executemany(self, query: str, params_seq: Any) -> psycopg.Cursor[Any]:
+        """Run one statement for each parameter set, in the step's transaction."""
+        if _TRANSACTION_CONTROL.match(query):
+            raise StepSQLError("a db_step function may not begin, commit or roll back")
+        cursor = self._conn.cursor(row_factory=tuple_row)
+        try:
+            cursor.executemany(query, params_seq)
+        except psycopg.Error as exc:
+            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+        return cursor
+
+
+class PostgresDriver:
+    """A pool of connections to one PostgreSQL database and jobguard's schema in it.
+
+    Args:
+        url: ``postgresql://…`` (``?schema=name`` optional).
+        schema: jobguard's schema (default ``jobguard``; wins over the URL's).
+        pool_size: Most connections this process opens.
+        clock: The store clock; default the server's. Tests inject one.
+
+    Raises:
+        StoreUnavailableError: The database cannot be reached (wrong host, user, password or
+            database name); nothing was changed.
+        SchemaVersionError: The schema is not at the version this jobguard knows; the message
+            says to run ``jobguard migrate``.
+    """
+
+    dialect = "postgres"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str | None = None,
+        pool_size: int = 10,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ConfigurationError(f"pool_size must be an integer >= 1, not {pool_size!r}")
+        parsed = parse_postgres_url(url, schema)
+        self.url = parsed.display
+        self.schema = parsed.schema
+        self._conninfo = parsed.conninfo
+        self._queries = render_queries(self.schema)
+        self._clock = clock
+        from jobguard.backends.postgres.schema import check_schema
+
+        with self.connect() as conn:
+            check_schema(conn, self.schema)
+        self._pool_size = pool_size
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pid = -1
+        self._guard = threading.Lock()
+        self._listener: psycopg.Connection[Any] | None = None
+        self._listener_pid = -1
+
+    def connect(self, **options: Any) -> psycopg.Connection[Any]:
+        """A new autocommit connection of this store's database (closed by the caller)."""
+        try:
+            return psycopg.connect(
+                self._conninfo, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, **options
+            )
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(
+                f"cannot connect to PostgreSQL at {self.url}: {str(exc).strip()}"
+            ) from exc
+
+    def _pool_of_this_process(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        pid = os.getpid()
+        if self._pool is None or self._pid != pid:
+            with self._guard:
+                if self._pool is None or self._pid != pid:
+                    # A pool (and its connections) must not cross fork(): open a new one.
+                    self._pool = ConnectionPool(
+                        self._conninfo,
+                        min_size=1,
+                        max_size=self._pool_size,
+                        kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S},
+                        timeout=30.0,
+                        open=True,
+                        name=f"jobguard-{self.schema}",
+                    )
+                    self._pid = pid
+        return self._pool
+
+    def write(self, fn: Callable[[PostgresTx], T]) -> T:
+        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock)."""
+        for attempt in range(_RETRIES):
+            try:
+                with self._pool_of_this_process().connection() as conn, conn.transaction():
+                    return fn(PostgresTx(conn, self._queries, self._clock))
+            except UserCodeError as exc:
+                raise exc.original from None
+            except _RETRYABLE as exc:
+                if attempt + 1 == _RETRIES:
+                    raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
+                time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
+            except psycopg.Error as exc:
+                raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
+            except Exception as exc:
+                if type(exc).__module__.startswith("psycopg_pool"):
+                    raise StoreUnavailableError(f"no PostgreSQL connection: {exc}") from exc
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def read(self, fn: Callable[[PostgresTx], T]) -> T:
+        """Run ``fn`` on a pooled connection (each statement sees committed data)."""
+        try:
+            with self._pool_of_this_process().connection() as conn:
+                return fn(PostgresTx(conn, self._queries, self._clock))
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"PostgreSQL read failed: {exc}") from exc
+        except Exception as exc:
+            if type(exc).__module__.startswith("psycopg_pool"):
+                raise StoreUnavailableError(f"no PostgreSQL connection: {exc}") from exc
+            raise
+
+    def adopt(self, connection: Any) -> PostgresTx:
+        """The caller's own psycopg connection to this database, inside its transaction."""
+        if not isinstance(connection, psycopg.Connection):
+            raise ConfigurationError(
+                "connection= must be a psycopg Connection to the store's database, "
+                f"not {type(connection).__name__}"
+            )
+        status = connection.info.transaction_status
+        if connection.autocommit and status == TransactionStatus.IDLE:
+            raise ConfigurationError(
+                "connection= is in autocommit mode outside a transaction: use "
+                "`with conn.transaction():` so the job commits or rolls back with your writes"
+            )
+        if status == TransactionStatus.INERROR:
+            raise ConfigurationError("connection= is in a failed transaction; roll it back first")
+        return PostgresTx(connection, self._queries, self._clock)
+
+    @contextmanager
+    def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
+        """The connection ``db_step`` code gets; it cannot end the step's transaction."""
+        conn: psycopg.Connection[Any] = tx.connection
+        yield StepConnection(conn)
+        if conn.info.transaction_status != TransactionStatus.INTRANS:
+            raise StepSQLError(
+                "the db_step function ended the step's transaction; its rows and the step "
+                "record must commit together"
+            )
+
+    def now(self) -> float:
+        """The store clock."""
+        return self.read(lambda tx: tx.now())
+
+    def jobs_added(self, queues: Sequence[str]) -> None:
+        """Nothing to do: the enqueue's own NOTIFY wakes workers when it commits."""
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
+        """Sleep until a NOTIFY for one of ``queues`` arrives, or ``timeout_s``."""
+        listener = self._listening()
+        if listener is None:
+            time.sleep(timeout_s)
+            return
+        wanted = set(queues)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                for notify in listener.notifies(timeout=left, stop_after=1):
+                    if notify.payload in wanted:
+                        return
+        except psycopg.Error:
+            self._drop_listener()  # listened again on the next wait; meanwhile we poll
+
+    def _listening(self) -> psycopg.Connection[Any] | None:
+        listener = self._listener
+        if listener is not None and self._listener_pid == os.getpid() and not listener.closed:
+            return listener
+        try:
+            conn = self.connect()
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_of(self.schema))))
+        except (StoreUnavailableError, psycopg.Error):
+            return None
+        self._listener, self._listener_pid = conn, os.getpid()
+        return conn
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None and self._listener_pid == os.getpid():
+            with suppress(psycopg.Error):
+                self._listener.close()
+        self._listener = None
+
+    def close(self) -> None:
+        """Close this process's pool and listening connection."""
+        self._drop_listener()
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.close()
+        self._pool = None

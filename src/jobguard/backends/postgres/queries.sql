@@ -1,0 +1,265 @@
+-- Named queries of the PostgreSQL backend. Each "-- name:" starts one statement.
+-- Every statement that changes a delivery names its lease token in the WHERE clause.
+
+-- name: job_by_id
+SELECT * FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: job_by_id_for_update
+SELECT * FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE;
+
+-- name: jobs_by_status
+SELECT * FROM {schema}.jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: count_by_status
+SELECT status, count(*) AS n FROM {schema}.jobs GROUP BY status;
+
+-- name: live_dedup_job
+-- A job holds its dedup key while queued or running, and for dedup_window_s after completion.
+SELECT * FROM {schema}.jobs
+WHERE dedup_key = %(dedup_key)s
+  AND (status IN ('queued', 'running')
+       OR (status = 'completed' AND finished_at + dedup_window_s > %(now)s))
+ORDER BY id DESC LIMIT 1;
+
+-- name: lock_dedup_key
+-- Enqueues of one dedup key take turns until their transaction ends, so the check for a live
+-- holder and the insert cannot interleave (the first key of the pair keeps jobguard's locks apart
+-- from the application's own advisory locks).
+SELECT pg_advisory_xact_lock(hashtext('jobguard.dedup'), hashtext(%(dedup_key)s));
+
+-- name: count_dedup_hit
+UPDATE {schema}.jobs SET dedup_hits = dedup_hits + 1 WHERE id = %(id)s;
+
+-- name: insert_job
+INSERT INTO {schema}.jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
+                  visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
+                  dedup_window_s, headers, created_at)
+VALUES (%(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, %(run_at)s, %(run_at)s, %(max_attempts)s,
+        %(visibility_timeout_s)s, %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s,
+        %(dedup_window_s)s, %(headers)s, %(now)s)
+RETURNING *, pg_notify({channel}, queue)::text AS notified;
+
+-- name: ready_jobs
+-- Queued jobs whose time has come, and running jobs whose lease expired (a crashed or stalled
+-- worker): both are available_at <= now.
+SELECT id, task, status, attempts, max_attempts, lease_token FROM {schema}.jobs
+WHERE queue = %(queue)s AND status IN ('queued', 'running') AND available_at <= %(now)s
+ORDER BY priority DESC, available_at, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: close_lost_attempts
+UPDATE {schema}.attempts SET outcome = 'lost', ended_at = %(now)s
+WHERE lease_token = ANY(%(tokens)s::text[]) AND outcome = 'running';
+
+-- name: bury_lost
+-- A job whose last allowed delivery never reported back (its worker died): attempts are charged
+-- at delivery, so it goes to the dead letter queue instead of looping forever. The reason is a
+-- code; its words are made above the store.
+UPDATE {schema}.jobs
+SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
+    dead_code = %(code)s, dead_reason = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running';
+
+-- name: lease_jobs
+-- %(lease_s)s is the fetching worker's lease for these jobs' task (NULL: the stored one).
+UPDATE {schema}.jobs
+SET status = 'running', attempts = attempts + 1, worker_id = %(worker_id)s,
+    lease_token = replace(gen_random_uuid()::text, '-', ''),
+    available_at = %(now)s + coalesce(%(lease_s)s::float8, visibility_timeout_s)
+WHERE id = ANY(%(ids)s::bigint[])
+RETURNING *, coalesce(%(lease_s)s::float8, visibility_timeout_s) AS lease_s;
+
+-- name: insert_attempts
+INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
+                      started_at)
+SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, %(now)s
+FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[])
+RETURNING id, job_id;
+
+-- name: extend_lease
+UPDATE {schema}.jobs SET available_at = %(now)s + %(visibility_timeout_s)s
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+
+-- name: finish_job
+UPDATE {schema}.jobs
+SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
+    last_error = NULL
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+
+-- name: retry_job
+UPDATE {schema}.jobs
+SET status = 'queued', available_at = %(run_at)s, run_at = %(run_at)s, lease_token = NULL,
+    last_error = %(last_error)s, error_signature = %(error_signature)s,
+    same_error_count = %(same_error_count)s
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+
+-- name: defer_job
+-- Resource busy: not the job's fault, so the delivery's attempt is handed back.
+UPDATE {schema}.jobs
+SET status = 'queued', available_at = %(run_at)s, run_at = %(run_at)s, lease_token = NULL,
+    attempts = attempts - 1, deferrals = deferrals + 1
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+
+-- name: release_job
+UPDATE {schema}.jobs
+SET status = 'queued', available_at = %(now)s, lease_token = NULL, attempts = attempts - 1
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+
+-- name: bury_job
+UPDATE {schema}.jobs
+SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
+    dead_code = %(code)s, dead_reason = %(reason)s, last_error = %(last_error)s, error_signature = %(error_signature)s,
+    same_error_count = %(same_error_count)s
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+
+-- name: close_attempt
+UPDATE {schema}.attempts
+SET outcome = %(outcome)s, ended_at = %(now)s, duration_s = %(duration_s)s, error_type = %(error_type)s,
+    error_message = %(error_message)s, traceback = %(traceback)s, lock_owner = %(lock_owner)s,
+    fence = %(fence)s, steps_run = %(steps_run)s, steps_skipped = %(steps_skipped)s
+WHERE id = %(attempt_id)s;
+
+-- name: mark_attempt
+-- Record on a stale delivery's own attempt row that its write was refused (diagnostics only).
+UPDATE {schema}.attempts
+SET outcome = %(outcome)s, ended_at = coalesce(ended_at, %(now)s),
+    duration_s = coalesce(duration_s, %(duration_s)s),
+    error_type = %(error_type)s, error_message = %(error_message)s,
+    steps_run = greatest(steps_run, %(steps_run)s),
+    steps_skipped = greatest(steps_skipped, %(steps_skipped)s)
+WHERE id = %(attempt_id)s;
+
+-- name: dead_jobs
+SELECT * FROM {schema}.jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;
+
+-- name: replay_job
+-- Back to the queue with the same id, payload and keys (its operation key is kept, so completed work is not redone).
+UPDATE {schema}.jobs
+SET status = 'queued', available_at = %(now)s, run_at = %(now)s, attempts = 0, deferrals = 0,
+    same_error_count = 0, error_signature = NULL, dead_code = NULL, dead_reason = NULL,
+    finished_at = NULL
+WHERE id = %(job_id)s AND status = 'dead'
+RETURNING *;
+
+-- name: purge_attempts
+DELETE FROM {schema}.attempts
+WHERE job_id IN (SELECT id FROM {schema}.jobs WHERE status = 'dead'
+                 AND (%(job_id)s::bigint IS NULL OR id = %(job_id)s::bigint));
+
+-- name: purge_jobs
+DELETE FROM {schema}.jobs WHERE status = 'dead' AND (%(job_id)s::bigint IS NULL OR id = %(job_id)s::bigint);
+
+-- name: attempts_of_job
+SELECT * FROM {schema}.attempts WHERE job_id = %(job_id)s ORDER BY id;
+
+-- name: attempts_of_operation
+SELECT * FROM {schema}.attempts WHERE operation_key = %(operation_key)s ORDER BY id;
+
+-- name: recent_attempts
+SELECT * FROM {schema}.attempts ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: lock_row
+SELECT resource, owner, fence, expires_at FROM {schema}.locks WHERE resource = %(resource)s;
+
+-- name: grant_lock
+INSERT INTO {schema}.locks (resource, owner, fence, expires_at) VALUES (%(resource)s, %(owner)s, 1, %(expires_at)s)
+ON CONFLICT (resource) DO UPDATE
+SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
+WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
+RETURNING fence;
+
+-- name: renew_lock
+UPDATE {schema}.locks SET expires_at = %(expires_at)s WHERE resource = %(resource)s AND owner = %(owner)s;
+
+-- name: release_lock
+UPDATE {schema}.locks SET owner = NULL, expires_at = NULL WHERE resource = %(resource)s AND owner = %(owner)s;
+
+-- name: operation_row
+SELECT * FROM {schema}.operations WHERE key = %(key)s;
+
+-- name: operation_row_for_update
+SELECT * FROM {schema}.operations WHERE key = %(key)s FOR UPDATE;
+
+-- name: insert_operation
+INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence, created_at,
+                        updated_at)
+VALUES (%(key)s, 'processing', %(resource_key)s, %(owner_lease)s, 1, %(fence)s, %(now)s, %(now)s)
+ON CONFLICT (key) DO NOTHING
+RETURNING *;
+
+-- name: claim_operation
+UPDATE {schema}.operations
+SET status = 'processing', owner_lease = %(owner_lease)s, attempts = attempts + 1, fence = %(fence)s,
+    updated_at = %(now)s
+WHERE key = %(key)s AND status != 'completed'
+RETURNING *;
+
+-- name: complete_operation
+UPDATE {schema}.operations
+SET status = 'completed', result = %(result)s, external_ref = %(external_ref)s, fence = %(fence)s,
+    owner_lease = NULL, updated_at = %(now)s, completed_at = %(now)s, last_error = NULL
+WHERE key = %(key)s AND owner_lease = %(owner_lease)s AND status = 'processing';
+
+-- name: fail_operation
+UPDATE {schema}.operations
+SET status = %(status)s, owner_lease = NULL, last_error = %(last_error)s, updated_at = %(now)s
+WHERE key = %(key)s AND owner_lease = %(owner_lease)s AND status = 'processing';
+
+-- name: steps_of_operation
+SELECT name, result FROM {schema}.steps WHERE operation_key = %(key)s;
+
+-- name: step_row
+SELECT result FROM {schema}.steps WHERE operation_key = %(key)s AND name = %(name)s;
+
+-- name: insert_step
+INSERT INTO {schema}.steps (operation_key, name, result, fence, created_at)
+VALUES (%(key)s, %(name)s, %(result)s, %(fence)s, %(now)s);
+
+-- name: lease_holder_alive
+-- Is the operation's current claimant still alive (its lease unexpired)?
+SELECT 1 FROM {schema}.jobs
+WHERE lease_token = %(owner_lease)s AND status = 'running' AND available_at > %(now)s;
+
+-- name: unclaim_operation
+-- Graceful release: drop this delivery's claim on its operation so the next delivery can take it.
+UPDATE {schema}.operations SET owner_lease = NULL, updated_at = %(now)s WHERE owner_lease = %(owner_lease)s;
+
+-- name: attempt_lock
+UPDATE {schema}.attempts SET lock_owner = %(lock_owner)s, fence = %(fence)s WHERE id = %(attempt_id)s;
+
+-- name: guard_state
+-- Everything a guarded write must prove, in one round trip: lease current, newest fence issued
+-- for the resource, and whether this lease holds the operation's claim.
+SELECT
+    (SELECT 1 FROM {schema}.jobs
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running') AS lease_ok,
+    (SELECT fence FROM {schema}.locks WHERE resource = %(resource)s::text) AS fence,
+    (SELECT 1 FROM {schema}.operations
+     WHERE key = %(key)s::text AND owner_lease = %(lease_token)s) AS claim_ok;
+
+-- name: any_ready
+-- A cheap read-only look before taking the write lock for a fetch.
+SELECT 1 FROM {schema}.jobs
+WHERE queue = ANY(%(queues)s::text[]) AND status IN ('queued', 'running') AND available_at <= %(now)s
+LIMIT 1;
+
+-- name: prunable_jobs
+-- Completed jobs finished before %(cutoff)s whose dedup window is over too (so pruning never lets a
+-- duplicate in). Operation records and steps are kept: they are what makes a late duplicate
+-- "already processed".
+SELECT id FROM {schema}.jobs
+WHERE status = 'completed' AND finished_at < %(cutoff)s AND finished_at + dedup_window_s <= %(now)s
+ORDER BY id LIMIT %(limit)s;
+
+-- name: prune_attempts
+DELETE FROM {schema}.attempts WHERE job_id = ANY(%(ids)s::bigint[]);
+
+-- name: prune_jobs
+DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'completed';
+
+-- name: store_clock
+-- The one clock every worker host agrees on: the database server's.
+SELECT extract(epoch FROM clock_timestamp())::float8 AS now;
