@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,26 @@ def _scrub_jobguard_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def db_path(tmp_path: Path) -> Path:
     """A fresh SQLite file path in this test's temporary directory."""
     return tmp_path / "jobs.db"
+
+
+BACKENDS = ("sqlite", "postgres")
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty store on each backend: a SQLite file, or a PostgreSQL schema of its own.
+
+    Whatever the test kept beside it (event logs, pause markers) is removed afterwards.
+    """
+    from tests.support import pg, stores
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    else:
+        url = pg.fresh_store_url(pg.session_database())
+    yield url
+    if request.param == "postgres":
+        shutil.rmtree(stores.home_of(url), ignore_errors=True)
 
 
 @pytest.fixture

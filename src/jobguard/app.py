@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
-from jobguard.backends import DEFAULT_URL, check_store_url, open_backend
+from jobguard.backends import DEFAULT_URL, check_store_url, migrate_store, open_backend
 from jobguard.backends.base import Backend
 from jobguard.core.retry import RetryPolicy
 from jobguard.exceptions import (
@@ -92,9 +92,11 @@ class App:
                 raise ConfigurationError(f"queue {queue!r}: visibility timeout must be > 0")
             self.queue_visibility_timeouts_s[check_queue_name(queue)] = float(timeout_s)
         if backend is not None:
-            self.url = backend.url
+            self.url = backend.url  # as the backend shows it (a password masked)
+            self._migrate_url: str | None = None
         else:
             self.url = check_store_url(DEFAULT_URL if url is None else url)
+            self._migrate_url = self.url
         self._backend = backend
         self._backend_lock = threading.Lock()
         self.max_payload_bytes = max_payload_bytes
@@ -110,6 +112,20 @@ class App:
                 if self._backend is None:
                     self._backend = open_backend(self.url)
         return self._backend
+
+    def migrate(self, *, dry_run: bool = False) -> tuple[int, list[str]]:
+        """Apply the schema migrations the store lacks; return (version reached, SQL applied).
+
+        Needed once before a PostgreSQL store is used, and after an upgrade that brings a
+        migration (SQLite files migrate when opened). With ``dry_run`` nothing changes and the
+        SQL that would run is returned. Forward only, one transaction, safe to run concurrently.
+        """
+        if self._migrate_url is None:
+            raise ConfigurationError(
+                "this App was given a backend object, not a URL: migrate with "
+                "jobguard.backends.migrate_store(url) or `jobguard --url URL migrate`"
+            )
+        return migrate_store(self._migrate_url, dry_run=dry_run)
 
     def close(self) -> None:
         """Close the store's connections."""

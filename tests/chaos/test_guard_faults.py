@@ -18,7 +18,6 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,28 +53,32 @@ STOCK = 1_000
 class Shop:
     """One store file with stocked products, a producer app, the mail service and workers."""
 
-    db_path: Path
+    url: str
     app: App
     mail: MailServer
     procs: list[WorkerProcess] = field(default_factory=list)
 
     @property
-    def url(self) -> str:
-        return f"sqlite:///{self.db_path}"
-
-    @property
     def fulfill(self) -> Task:
         return self.app.tasks[FULFILL]
 
-    def spawn(self, faults: Faults | None = None, *, concurrency: int = 1) -> WorkerProcess:
-        """Start a worker process (not waiting for it to be ready)."""
+    def spawn(
+        self,
+        faults: Faults | None = None,
+        *,
+        concurrency: int = 1,
+        lease_s: float | None = None,
+        lock_ttl_s: float | None = None,
+    ) -> WorkerProcess:
+        """Start a worker process (not waiting for it to be ready) with its task definition."""
+        env = worker_env(
+            faults=faults or Faults(),
+            mail_url=self.mail.url,
+            lease_s=lease_s,
+            lock_ttl_s=lock_ttl_s,
+        )
         proc = spawn_worker(
-            self.db_path,
-            APP_MODULE,
-            concurrency=concurrency,
-            prefetch=0,
-            grace_s=1.0,
-            env=worker_env(faults=faults or Faults(), mail_url=self.mail.url),
+            self.url, APP_MODULE, concurrency=concurrency, prefetch=0, grace_s=1.0, env=env
         )
         self.procs.append(proc)
         return proc
@@ -87,21 +90,21 @@ class Shop:
         wait_until(lambda: self.status(job_id) == status, timeout_s=timeout_s, interval_s=0.05)
 
     def stock(self) -> dict[str, int]:
-        return {sku: stock for sku, stock in query(self.db_path, "SELECT sku, stock FROM products")}
+        return {sku: stock for sku, stock in query(self.url, "SELECT sku, stock FROM {products}")}
 
     def invoices(self) -> list[tuple[int, int | None]]:
         """``(order_id, fence)`` of every invoice."""
-        found = query(self.db_path, "SELECT order_id, fence FROM invoices ORDER BY order_id")
+        found = query(self.url, "SELECT order_id, fence FROM {invoices} ORDER BY order_id")
         return [(order, fence) for order, fence in found]
 
     def stock_moves(self) -> list[tuple[int, int | None]]:
         """``(order_id, fence)`` of every stock cut."""
-        found = query(self.db_path, "SELECT order_id, fence FROM stock_moves ORDER BY id")
+        found = query(self.url, "SELECT order_id, fence FROM {stock_moves} ORDER BY id")
         return [(order, fence) for order, fence in found]
 
     def paused_marker(self, proc: WorkerProcess, timeout_s: float = 20.0) -> dict[str, Any]:
         """Wait until ``proc`` paused at its fault point; return what it wrote there."""
-        marker = events_dir(self.db_path) / f"paused-{proc.pid}.json"
+        marker = events_dir(self.url) / f"paused-{proc.pid}.json"
         wait_until(marker.exists, timeout_s=timeout_s)
         found: dict[str, Any] = json.loads(marker.read_text())
         return found
@@ -113,22 +116,22 @@ class Shop:
         milliseconds; a process stopped inside that transaction would stall every writer of the
         file for the busy timeout, which is a different fault from the one under test.
         """
-        proc.pause_between_writes(self.db_path)
+        proc.pause_between_writes(self.url)
 
     def resume(self, proc: WorkerProcess) -> None:
         """Let a paused handler go on, then wake its process."""
-        (events_dir(self.db_path) / "resume").touch()
+        (events_dir(self.url) / "resume").touch()
         proc.signal(signal.SIGCONT)
 
 
 @pytest.fixture
-def shop(db_path: Path) -> Iterator[Shop]:
+def shop(store_url: str) -> Iterator[Shop]:
     """A fresh store with stock, the mail service, and every worker killed at the end."""
-    guard_app.create_business_tables(db_path, dict.fromkeys(SKUS, STOCK))
+    guard_app.create_business_tables(store_url, dict.fromkeys(SKUS, STOCK))
     with MailServer() as mail:
-        app = guard_app.make_app(f"sqlite:///{db_path}", mail_url=mail.url)
+        app = guard_app.make_app(store_url, mail_url=mail.url)
         _ = app.backend  # create the jobguard schema before any worker starts
-        shop = Shop(db_path, app, mail)
+        shop = Shop(store_url, app, mail)
         try:
             yield shop
         finally:
@@ -181,7 +184,7 @@ def test_crash_after_step_commit_resumes_at_the_next_step(
         committed,
         len(FULFILL_STEPS) - committed,
     )
-    assert ran(read_events(shop.db_path)) == dict.fromkeys(FULFILL_STEPS, 1)
+    assert ran(read_events(shop.url)) == dict.fromkeys(FULFILL_STEPS, 1)
     assert shop.stock()[SKUS[0]] == STOCK - 1
     assert shop.invoices() == [(1, second.fence if committed < 2 else first.fence)]
     assert len(shop.mail.requests) == 1
@@ -236,7 +239,7 @@ def test_worker_paused_past_lock_ttl_and_lease_is_refused_and_the_new_holder_win
     assert shop.status(job.id) == JobStatus.COMPLETED
     assert shop.stock()[SKUS[0]] == STOCK - 1
     assert len(shop.mail.sent) == 1
-    events = read_events(shop.db_path)
+    events = read_events(shop.url)
     if point == "start":
         # A's first write (the cut-stock step) was refused before its function ran.
         assert ran(events, worker_a.pid) == {}
@@ -267,11 +270,11 @@ def test_stale_fence_is_refused_while_the_stale_lease_is_still_live(shop: Shop) 
     hold = producer.tasks[HOLD]
     try:
         first = hold.enqueue(job_no=1, resource="shelf")
-        worker_a = shop.spawn(Faults(pause_point="start"))
+        worker_a = shop.spawn(Faults(pause_point="start"), lease_s=30.0)
         marker = shop.paused_marker(worker_a)
         shop.freeze(worker_a)
         second = hold.enqueue(job_no=2, resource="shelf")
-        shop.spawn()
+        shop.spawn(lease_s=30.0)
         shop.wait_status(second.id, JobStatus.COMPLETED)
         shop.resume(worker_a)
         shop.wait_status(first.id, JobStatus.COMPLETED)
@@ -289,7 +292,7 @@ def test_stale_fence_is_refused_while_the_stale_lease_is_still_live(shop: Shop) 
     assert other.fence is not None
     assert done.fence is not None
     assert refused.fence < other.fence < done.fence
-    writes = query(shop.db_path, "SELECT job_no, fence FROM resource_writes ORDER BY id")
+    writes = query(shop.url, "SELECT job_no, fence FROM {resource_writes} ORDER BY id")
     assert writes == [(2, other.fence), (1, done.fence)]  # nothing written with the stale fence
     assert shop.app.get_job(first.id).attempts == 1  # the refusal cost the job no attempt
 
@@ -311,7 +314,7 @@ def test_replay_or_repeat_of_completed_operation_does_not_run_the_handler(shop: 
     done = shop.fulfill.enqueue(order_id=5, sku=SKUS[0])
     shop.spawn()
     shop.wait_status(done.id, JobStatus.COMPLETED)
-    starts_before = [e for e in read_events(shop.db_path) if e.kind == "start"]
+    starts_before = [e for e in read_events(shop.url) if e.kind == "start"]
 
     shop.app.dlq.replay(dead.id)
     shop.wait_status(dead.id, JobStatus.COMPLETED)
@@ -319,7 +322,7 @@ def test_replay_or_repeat_of_completed_operation_does_not_run_the_handler(shop: 
     shop.wait_status(again.id, JobStatus.COMPLETED)
 
     assert len(starts_before) == 2  # the fatal run and the run that completed
-    assert [e for e in read_events(shop.db_path) if e.kind == "start"] == starts_before
+    assert [e for e in read_events(shop.url) if e.kind == "start"] == starts_before
     assert [a.outcome for a in shop.app.attempts(job_id=dead.id)] == [
         Outcome.DEAD,
         Outcome.ALREADY_PROCESSED,
@@ -346,10 +349,10 @@ def test_slow_job_keeps_its_lock_through_renewal_and_a_rival_is_deferred(shop: S
     producer = guard_app.make_app(shop.url, lease_s=4.0, lock_ttl_s=1.0)
     hold = producer.tasks[HOLD]
     try:
-        for proc in (shop.spawn(), shop.spawn()):
+        for proc in (shop.spawn(lease_s=4.0), shop.spawn(lease_s=4.0)):
             proc.wait_ready()
         slow = hold.enqueue(job_no=1, resource="dock", hold_s=3.0)
-        wait_until(lambda: any(e.kind == "start" for e in read_events(shop.db_path)), timeout_s=20)
+        wait_until(lambda: any(e.kind == "start" for e in read_events(shop.url)), timeout_s=20)
         rival = hold.enqueue(job_no=2, resource="dock")
         shop.wait_status(rival.id, JobStatus.COMPLETED, timeout_s=30)
         shop.wait_status(slow.id, JobStatus.COMPLETED)
@@ -370,10 +373,10 @@ def test_slow_job_keeps_its_lock_through_renewal_and_a_rival_is_deferred(shop: S
     assert shop.app.backend.lock_fence("res:dock") == rival_done.fence
     assert shop.app.get_job(rival.id).attempts == 1  # deferrals are not charged
 
-    by_job = {e.job_id: e for e in read_events(shop.db_path) if e.kind == "end"}
+    by_job = {e.job_id: e for e in read_events(shop.url) if e.kind == "end"}
     assert by_job[slow.id].extra["lease_lost"] is False
     rival_start = next(
-        e for e in read_events(shop.db_path) if e.kind == "start" and e.job_id == rival.id
+        e for e in read_events(shop.url) if e.kind == "start" and e.job_id == rival.id
     )
     assert rival_start.mono >= by_job[slow.id].mono
 
@@ -399,7 +402,7 @@ def test_jobs_sharing_a_resource_never_run_their_handlers_at_the_same_time(shop:
         lambda: shop.app.counts()[JobStatus.COMPLETED] == len(jobs), timeout_s=60, interval_s=0.2
     )
 
-    events = read_events(shop.db_path)
+    events = read_events(shop.url)
     starts = {e.job_id: e for e in events if e.kind == "start"}
     ends = {e.job_id: e for e in events if e.kind == "end"}
     assert len(starts) == len(ends) == len(jobs)

@@ -45,20 +45,22 @@ LEASE_S = 1.0  # the visibility timeout of queue_app's tasks unless a test says 
 
 
 @pytest.fixture
-def qapp(db_path: Path) -> Iterator[App]:
+def qapp(store_url: str) -> Iterator[App]:
     """The producer side of ``queue_app`` on this test's store (schema created up front)."""
-    application = make_app(f"sqlite:///{db_path}", visibility_timeout_s=LEASE_S)
+    application = make_app(store_url, visibility_timeout_s=LEASE_S)
     _ = application.backend
     yield application
     application.close()
 
 
 def start_workers(
-    db_path: Path, *names: str, concurrency: int = 1, grace_s: float = 5.0
+    store_url: str, *names: str, concurrency: int = 1, grace_s: float = 5.0
 ) -> list[WorkerProcess]:
     """Start one worker process per name (its worker id) and wait until all are fetching."""
     procs = [
-        spawn_worker(db_path, APP_MODULE, worker_id=name, concurrency=concurrency, grace_s=grace_s)
+        spawn_worker(
+            store_url, APP_MODULE, worker_id=name, concurrency=concurrency, grace_s=grace_s
+        )
         for name in names
     ]
     for proc in procs:
@@ -66,9 +68,9 @@ def start_workers(
     return procs
 
 
-def events_of(db_path: Path, job_id: int, kind: str | None = None) -> list[Event]:
+def events_of(store_url: str, job_id: int, kind: str | None = None) -> list[Event]:
     """The handler's own events for one job (optionally of one kind)."""
-    return [e for e in read_events(db_path, job_id) if kind is None or e.kind == kind]
+    return [e for e in read_events(store_url, job_id) if kind is None or e.kind == kind]
 
 
 def status_of(app: App, job_id: int) -> JobStatus:
@@ -77,7 +79,7 @@ def status_of(app: App, job_id: int) -> JobStatus:
 
 
 def test_sigkilled_worker_job_is_redelivered_after_its_lease_expires_and_nothing_is_lost(
-    qapp: App, db_path: Path
+    qapp: App, store_url: str
 ) -> None:
     """SIGKILL mid-job: redelivered to the other worker after the lease, first attempt ``lost``.
 
@@ -85,10 +87,10 @@ def test_sigkilled_worker_job_is_redelivered_after_its_lease_expires_and_nothing
     """
     victim = qapp.tasks[SLEEP].enqueue(sleep_s=[60.0, 0.05])
     bystanders = [qapp.tasks[NOOP].enqueue(n=i) for i in range(4)]
-    procs = start_workers(db_path, "wa", "wb")
+    procs = start_workers(store_url, "wa", "wb")
     with workers(*procs):
-        wait_until(lambda: bool(events_of(db_path, victim.id, "start")))
-        first = events_of(db_path, victim.id, "start")[0]
+        wait_until(lambda: bool(events_of(store_url, victim.id, "start")))
+        first = events_of(store_url, victim.id, "start")[0]
         doomed, survivor = procs if procs[0].pid == first.pid else procs[::-1]
         doomed.signal(signal.SIGKILL)
         assert doomed.wait() == -signal.SIGKILL
@@ -107,7 +109,7 @@ def test_sigkilled_worker_job_is_redelivered_after_its_lease_expires_and_nothing
     assert attempts[1].started_at >= attempts[0].started_at + LEASE_S
     assert qapp.get_job(victim.id).attempts == 2
     # The handler's own record: the killed process never finished; the survivor did, once.
-    assert [(e.pid, e.attempt, e.kind) for e in events_of(db_path, victim.id)] == [
+    assert [(e.pid, e.attempt, e.kind) for e in events_of(store_url, victim.id)] == [
         (doomed.pid, 1, "start"),
         (survivor.pid, 2, "start"),
         (survivor.pid, 2, "end"),
@@ -122,21 +124,21 @@ def test_sigkilled_worker_job_is_redelivered_after_its_lease_expires_and_nothing
 
 
 def test_heartbeat_keeps_a_job_running_three_times_its_lease_from_a_second_worker(
-    db_path: Path,
+    store_url: str,
 ) -> None:
     """A job running > 3x its visibility timeout is never given to the second, idle worker.
 
     Issue 2 acceptance 3; R2.2 (heartbeat extends the lease while the worker lives).
     """
     lease_s = 1.5
-    app = make_app(f"sqlite:///{db_path}", visibility_timeout_s=lease_s)
+    app = make_app(store_url, visibility_timeout_s=lease_s)
     try:
         run_s = 3.3 * lease_s
         long_job = app.tasks[SLEEP].enqueue(sleep_s=[run_s])
-        procs = start_workers(db_path, "wa", "wb")
+        procs = start_workers(store_url, "wa", "wb")
         with workers(*procs):
-            wait_until(lambda: bool(events_of(db_path, long_job.id, "start")))
-            holder = events_of(db_path, long_job.id, "start")[0].worker_id
+            wait_until(lambda: bool(events_of(store_url, long_job.id, "start")))
+            holder = events_of(store_url, long_job.id, "start")[0].worker_id
             other = "wb" if holder == "wa" else "wa"
             # The other worker is alive and fetching all along: it takes this job meanwhile.
             ping = app.tasks[NOOP].enqueue()
@@ -150,7 +152,7 @@ def test_heartbeat_keeps_a_job_running_three_times_its_lease_from_a_second_worke
         assert app.get_job(long_job.id).attempts == 1
         [ping_attempt] = app.attempts(job_id=ping.id)
         assert ping_attempt.worker_id == other
-        events = events_of(db_path, long_job.id)
+        events = events_of(store_url, long_job.id)
         assert [(e.worker_id, e.attempt, e.kind) for e in events] == [
             (holder, 1, "start"),
             (holder, 1, "end"),
@@ -165,7 +167,7 @@ def test_heartbeat_keeps_a_job_running_three_times_its_lease_from_a_second_worke
 
 
 def test_sigstopped_worker_loses_its_job_and_its_late_finish_is_refused(
-    qapp: App, db_path: Path
+    qapp: App, store_url: str
 ) -> None:
     """SIGSTOP past the lease: the job goes to the other worker; after SIGCONT the first worker
     learns it lost the lease (``ctx.lease_lost``) and its finish is refused (``lease_refused``).
@@ -173,12 +175,12 @@ def test_sigstopped_worker_loses_its_job_and_its_late_finish_is_refused(
     Issue 2 acceptance 4; R2.4, invariant 2 (a stale lease cannot ack).
     """
     job = qapp.tasks[SLEEP].enqueue(sleep_s=[1.5, 0.05], await_lost_attempt=1)
-    procs = start_workers(db_path, "wa", "wb")
+    procs = start_workers(store_url, "wa", "wb")
     with workers(*procs):
-        wait_until(lambda: bool(events_of(db_path, job.id, "start")))
-        first = events_of(db_path, job.id, "start")[0]
+        wait_until(lambda: bool(events_of(store_url, job.id, "start")))
+        first = events_of(store_url, job.id, "start")[0]
         paused = procs[0] if procs[0].pid == first.pid else procs[1]
-        paused.pause_between_writes(db_path)
+        paused.pause_between_writes(store_url)
         # While the first worker is frozen, its lease runs out and the other one finishes the job.
         wait_until(lambda: status_of(qapp, job.id) == JobStatus.COMPLETED)
         while_paused = qapp.attempts(job_id=job.id)
@@ -201,7 +203,7 @@ def test_sigstopped_worker_loses_its_job_and_its_late_finish_is_refused(
     final = qapp.get_job(job.id)
     assert final.status == JobStatus.COMPLETED
     assert final.attempts == 2
-    ends = {e.worker_id: e for e in events_of(db_path, job.id, "end")}
+    ends = {e.worker_id: e for e in events_of(store_url, job.id, "end")}
     assert set(ends) == {first.worker_id, second_id}
     assert ends[first.worker_id].lease_lost  # the stale worker learnt it lost the job
     assert not ends[second_id].lease_lost
@@ -209,7 +211,7 @@ def test_sigstopped_worker_loses_its_job_and_its_late_finish_is_refused(
 
 
 def test_job_that_kills_its_worker_every_time_reaches_the_dlq_after_max_attempts(
-    qapp: App, db_path: Path
+    qapp: App, store_url: str
 ) -> None:
     """A job that SIGKILLs its worker on every delivery is buried after ``max_attempts``, with
     every attempt's metadata (attempts are charged at delivery, so crashes count).
@@ -224,7 +226,7 @@ def test_job_that_kills_its_worker_every_time_reaches_the_dlq_after_max_attempts
         for generation in range(1, KILL_SELF_MAX_ATTEMPTS + 3):
             if status_of(qapp, job.id) == JobStatus.DEAD:
                 break
-            proc = spawn_worker(db_path, APP_MODULE, worker_id=f"gen{generation}")
+            proc = spawn_worker(store_url, APP_MODULE, worker_id=f"gen{generation}")
             spawned.append(proc)
             proc.wait_ready()
 
@@ -258,13 +260,13 @@ def test_job_that_kills_its_worker_every_time_reaches_the_dlq_after_max_attempts
         assert attempt.ended_at is not None
         assert attempt.ended_at >= attempt.started_at
     # Each delivery really ran, once, in the process it killed.
-    assert [(e.attempt, e.pid) for e in events_of(db_path, job.id, "start")] == [
+    assert [(e.attempt, e.pid) for e in events_of(store_url, job.id, "start")] == [
         (n, proc.pid) for n, proc in enumerate(killed, start=1)
     ]
 
 
 def test_sigterm_lets_running_jobs_finish_in_grace_and_releases_the_rest_uncharged(
-    qapp: App, db_path: Path
+    qapp: App, store_url: str
 ) -> None:
     """SIGTERM: no new fetches; a job that ends within the grace period completes; one still
     running at the deadline is released (back to queued, attempt not charged); exit code 0.
@@ -274,12 +276,12 @@ def test_sigterm_lets_running_jobs_finish_in_grace_and_releases_the_rest_uncharg
     grace_s = 2.0
     short = qapp.tasks[SLEEP].enqueue(sleep_s=[1.0])
     long = qapp.tasks[SLEEP].enqueue(sleep_s=[120.0])
-    [proc] = start_workers(db_path, "wterm", concurrency=2, grace_s=grace_s)
+    [proc] = start_workers(store_url, "wterm", concurrency=2, grace_s=grace_s)
     with workers(proc):
         wait_until(
             lambda: (
-                bool(events_of(db_path, short.id, "start"))
-                and bool(events_of(db_path, long.id, "start"))
+                bool(events_of(store_url, short.id, "start"))
+                and bool(events_of(store_url, long.id, "start"))
             )
         )
         # Both slots are busy, so this one cannot be fetched before the signal lands.
@@ -302,14 +304,14 @@ def test_sigterm_lets_running_jobs_finish_in_grace_and_releases_the_rest_uncharg
     released = qapp.get_job(long.id)
     assert released.status == JobStatus.QUEUED
     assert released.attempts == 0  # handed back without charging the delivery
-    assert events_of(db_path, long.id, "end") == []
+    assert events_of(store_url, long.id, "end") == []
 
     assert status_of(qapp, late.id) == JobStatus.QUEUED
     assert qapp.attempts(job_id=late.id) == []
 
 
 def test_concurrent_enqueues_of_one_dedup_key_from_four_processes_store_one_job(
-    qapp: App, db_path: Path, tmp_path: Path
+    qapp: App, store_url: str, tmp_path: Path
 ) -> None:
     """4 processes x 100 enqueues with one dedup key: one job stored, all 400 callers get its id.
 
@@ -320,7 +322,7 @@ def test_concurrent_enqueues_of_one_dedup_key_from_four_processes_store_one_job(
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     command = [
         sys.executable, "-m", APP_MODULE, "enqueue-dedup",
-        "--db", str(db_path), "--key", "dedup:one", "--count", "100", "--go", str(go),
+        "--url", store_url, "--key", "dedup:one", "--count", "100", "--go", str(go),
     ]  # fmt: skip
     producers = [
         subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)

@@ -226,7 +226,7 @@ def test_worker_process_buries_unrunnable_rows_and_keeps_working_without_a_crash
         jobs += [noop.enqueue(n=i) for i in range(5, 10)]
         corrupt_payload(db_path, corrupt.id, "not json at all")
 
-        proc = spawn_worker(db_path, "tests.support.queue_app", burst=True, concurrency=2)
+        proc = spawn_worker(url, "tests.support.queue_app", burst=True, concurrency=2)
         with workers(proc):
             proc.wait_ready()
             assert proc.wait(timeout_s=30) == 0

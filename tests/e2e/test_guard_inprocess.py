@@ -35,22 +35,22 @@ def mail() -> Iterator[MailServer]:
         yield server
 
 
-def fulfillment_app(db_path: Path, mail: MailServer, faults: Faults | None = None) -> App:
+def fulfillment_app(store_url: str, mail: MailServer, faults: Faults | None = None) -> App:
     """The fulfillment app with one stocked product in the store's file."""
-    guard_app.create_business_tables(db_path, {SKU: STOCK})
-    return guard_app.make_app(f"sqlite:///{db_path}", faults=faults or Faults(), mail_url=mail.url)
+    guard_app.create_business_tables(store_url, {SKU: STOCK})
+    return guard_app.make_app(store_url, faults=faults or Faults(), mail_url=mail.url)
 
 
-def stock(db_path: Path) -> int:
-    return int(query(db_path, "SELECT stock FROM products WHERE sku = ?", [SKU])[0][0])
+def stock(store_url: str) -> int:
+    return int(query(store_url, "SELECT stock FROM {products} WHERE sku = ?", [SKU])[0][0])
 
 
-def test_operation_record_reports_completed_fulfillment(db_path: Path, mail: MailServer) -> None:
+def test_operation_record_reports_completed_fulfillment(store_url: str, mail: MailServer) -> None:
     """``app.operation(key)`` returns status, result, external ref, attempts, fence and steps.
 
     R4.2, issue 3 "Public API"; an unknown key gives ``None``.
     """
-    app = fulfillment_app(db_path, mail)
+    app = fulfillment_app(store_url, mail)
     try:
         job = app.tasks[FULFILL].enqueue(order_id=42, sku=SKU)
         assert drain(app, timeout_s=30)[JobStatus.COMPLETED] == 1
@@ -75,7 +75,7 @@ def test_operation_record_reports_completed_fulfillment(db_path: Path, mail: Mai
 
 
 def test_failed_db_step_rolls_back_its_business_rows_and_reruns_once(
-    db_path: Path, mail: MailServer
+    store_url: str, mail: MailServer
 ) -> None:
     """A ``db_step`` whose function raised after writing leaves no row and no step record.
 
@@ -83,7 +83,7 @@ def test_failed_db_step_rolls_back_its_business_rows_and_reruns_once(
     committed step (cut stock), reruns the failed one (invoice) and the invoice exists once.
     """
     faults = Faults(raise_points=("invoice-inserted",), attempts=(1,))
-    app = fulfillment_app(db_path, mail, faults)
+    app = fulfillment_app(store_url, mail, faults)
     try:
         job = app.tasks[FULFILL].enqueue(order_id=7, sku=SKU)
         drain(app, timeout_s=30)
@@ -100,18 +100,18 @@ def test_failed_db_step_rolls_back_its_business_rows_and_reruns_once(
             1,
             2,
         )
-        kinds = [event.kind for event in read_events(db_path)]
+        kinds = [event.kind for event in read_events(store_url)]
         assert kinds.count("ran:invoice") == 2  # the function ran twice...
-        assert query(db_path, "SELECT count(*) FROM invoices WHERE order_id = 7") == [(1,)]
+        assert query(store_url, "SELECT count(*) FROM {invoices} WHERE order_id = 7") == [(1,)]
         assert kinds.count("ran:cut-stock") == 1  # ...but the committed step did not
-        assert stock(db_path) == STOCK - 1
+        assert stock(store_url) == STOCK - 1
         assert len(mail.sent) == 1
     finally:
         app.close()
 
 
 def test_step_that_raised_is_retried_with_the_same_idempotency_key(
-    db_path: Path, mail: MailServer
+    store_url: str, mail: MailServer
 ) -> None:
     """An email step that raised after the service sent the mail is not recorded; its retry
     calls again with the same ``Idempotency-Key`` and the service sends nothing more.
@@ -119,7 +119,7 @@ def test_step_that_raised_is_retried_with_the_same_idempotency_key(
     R4.4, R4.5 (the key is stable across attempts), R9 "zero double emails".
     """
     faults = Faults(raise_points=("email-sent",), attempts=(1,))
-    app = fulfillment_app(db_path, mail, faults)
+    app = fulfillment_app(store_url, mail, faults)
     try:
         job = app.tasks[FULFILL].enqueue(order_id=8, sku=SKU)
         drain(app, timeout_s=30)

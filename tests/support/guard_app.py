@@ -8,7 +8,8 @@ Two tasks:
 * ``hold(job_no, resource, hold_s)`` — one guarded write on a shared resource, then a nap; its
   start/end events give the intervals the mutual-exclusion tests compare.
 
-The business tables live in the jobs' own SQLite file (:func:`create_business_tables`).
+The business tables live beside the jobs (:func:`create_business_tables`): in the store's own
+SQLite file, or in the store's own schema on PostgreSQL.
 
 Fault points (names in :data:`FULFILL_POINTS` and :data:`HOLD_POINTS`) are driven by a
 :class:`Faults` value, given to :func:`make_app` in-process or as JSON in the ``GUARD_FAULTS``
@@ -23,8 +24,9 @@ environment variable of a worker process (see :func:`worker_env`):
   point. A process pauses once only.
 * ``fatal_orders``: ``fulfill`` of these orders raises :class:`~jobguard.Fatal` on entry.
 
-Every handler appends what it did to ``<db>.events/events-<pid>.jsonl`` (one ``os.write`` per
-line, so a SIGKILL right after loses nothing); :func:`read_events` reads them back.
+Every handler appends what it did to ``events-<pid>.jsonl`` in the store's home directory
+(:func:`tests.support.stores.home_of`; one ``os.write`` per line, so a SIGKILL right after loses
+nothing); :func:`read_events` reads them back.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import hashlib
 import json
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -42,9 +43,12 @@ from typing import Any
 
 from jobguard import App, Context, Fatal
 from jobguard.demo.mailserver import send_mail
+from tests.support import stores
 
 FAULTS_ENV = "GUARD_FAULTS"
 MAIL_URL_ENV = "GUARD_MAIL_URL"
+LEASE_ENV = "GUARD_LEASE_S"
+LOCK_TTL_ENV = "GUARD_LOCK_TTL_S"
 
 FULFILL = "fulfill"
 HOLD = "hold"
@@ -63,19 +67,26 @@ HOLD_POINTS = ("start", "written")
 FULFILL_STEPS = ("cut-stock", "invoice", "email")
 
 BUSINESS_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS products (sku TEXT PRIMARY KEY, stock INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS {products} (sku TEXT PRIMARY KEY, stock INTEGER NOT NULL)",
     # No unique key here on purpose: a double stock cut shows up as two rows for one order.
-    "CREATE TABLE IF NOT EXISTS stock_moves ("
+    "CREATE TABLE IF NOT EXISTS {stock_moves} ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, order_id INTEGER NOT NULL, sku TEXT NOT NULL,"
     " fence INTEGER, worker_id TEXT NOT NULL)",
     # One invoice per order is a storage rule (R4.6), not a hope.
-    "CREATE TABLE IF NOT EXISTS invoices ("
+    "CREATE TABLE IF NOT EXISTS {invoices} ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, order_id INTEGER NOT NULL UNIQUE,"
     " fence INTEGER, worker_id TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS resource_writes ("
+    "CREATE TABLE IF NOT EXISTS {resource_writes} ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, job_no INTEGER NOT NULL, resource TEXT NOT NULL,"
     " fence INTEGER, worker_id TEXT NOT NULL)",
 )
+TABLES = ("products", "stock_moves", "invoices", "resource_writes")
+
+
+def business_sql(url: str, text: str) -> str:
+    """Test SQL with ``{table}`` names placed beside the store, in the store's dialect."""
+    names = {name: stores.table(url, name) for name in TABLES}
+    return stores.dialect_sql(url, text.format(**names))
 
 
 class InjectedFault(Exception):
@@ -121,9 +132,22 @@ class Faults:
         return int.from_bytes(digest, "big") / 2**64 < self.rate
 
 
-def worker_env(*, faults: Faults | None = None, mail_url: str | None = None) -> dict[str, str]:
-    """Environment variables that configure a worker process running this app."""
+def worker_env(
+    *,
+    faults: Faults | None = None,
+    mail_url: str | None = None,
+    lease_s: float | None = None,
+    lock_ttl_s: float | None = None,
+) -> dict[str, str]:
+    """Environment variables that configure a worker process running this app.
+
+    The lease and lock TTL are the worker's own task definition, which is what a delivery gets.
+    """
     env: dict[str, str] = {}
+    if lease_s is not None:
+        env[LEASE_ENV] = repr(lease_s)
+    if lock_ttl_s is not None:
+        env[LOCK_TTL_ENV] = repr(lock_ttl_s)
     if faults is not None:
         env[FAULTS_ENV] = faults.to_json()
     if mail_url is not None:
@@ -131,40 +155,24 @@ def worker_env(*, faults: Faults | None = None, mail_url: str | None = None) -> 
     return env
 
 
-def db_path_of(url: str) -> Path:
-    """The SQLite file of a ``sqlite:///`` URL."""
-    return Path(url.removeprefix("sqlite:///"))
-
-
-def events_dir(db_path: str | Path) -> Path:
-    """Where handlers of the store at ``db_path`` log events and pause markers."""
-    return Path(f"{db_path}.events")
+def events_dir(url: str) -> Path:
+    """Where handlers of the store at ``url`` log events and pause markers."""
+    return stores.home_of(url)
 
 
 # -- business tables ------------------------------------------------------------------------------
 
 
-def create_business_tables(db_path: str | Path, products: dict[str, int] | None = None) -> None:
-    """Create the business tables in the store's file and stock the given products."""
-    conn = sqlite3.connect(db_path, timeout=30.0, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        for statement in BUSINESS_SCHEMA:
-            conn.execute(statement)
-        conn.executemany(
-            "INSERT INTO products (sku, stock) VALUES (?, ?)", sorted((products or {}).items())
-        )
-    finally:
-        conn.close()
+def create_business_tables(url: str, products: dict[str, int] | None = None) -> None:
+    """Create the business tables beside the store and stock the given products."""
+    statements = [business_sql(url, statement) for statement in BUSINESS_SCHEMA]
+    insert = business_sql(url, "INSERT INTO {products} (sku, stock) VALUES (?, ?)")
+    stores.execute(url, [*statements, insert], sorted((products or {}).items()))
 
 
-def query(db_path: str | Path, sql: str, parameters: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-    """Read business rows (a fresh connection, so the result is the committed state)."""
-    conn = sqlite3.connect(db_path, timeout=30.0)
-    try:
-        return conn.execute(sql, tuple(parameters)).fetchall()
-    finally:
-        conn.close()
+def query(url: str, sql: str, parameters: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+    """Read business rows (``{table}`` names as in :data:`BUSINESS_SCHEMA`; committed state)."""
+    return stores.query(url, business_sql(url, sql), parameters)
 
 
 # -- events ---------------------------------------------------------------------------------------
@@ -184,10 +192,10 @@ class Event:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def read_events(db_path: str | Path) -> list[Event]:
+def read_events(url: str) -> list[Event]:
     """Every event of every process, ordered by the time it was recorded."""
     found: list[Event] = []
-    directory = events_dir(db_path)
+    directory = events_dir(url)
     if not directory.exists():
         return found
     for path in sorted(directory.glob("events-*.jsonl")):
@@ -278,17 +286,17 @@ def customer_of(order_id: int) -> str:
 def make_app(
     url: str,
     *,
-    lease_s: float = 1.0,
-    lock_ttl_s: float = 1.0,
+    lease_s: float | None = None,
+    lock_ttl_s: float | None = None,
     faults: Faults | None = None,
     mail_url: str | None = None,
 ) -> App:
     """The fulfillment app on the store at ``url``.
 
     Args:
-        url: ``sqlite:///PATH``; the business tables live in the same file.
-        lease_s: Visibility timeout stored on each job at enqueue (the producer's value counts).
-        lock_ttl_s: Resource lock TTL stored on each job at enqueue.
+        url: The store; the business tables live beside it (:func:`create_business_tables`).
+        lease_s: The tasks' visibility timeout; default ``GUARD_LEASE_S``, else 1 s.
+        lock_ttl_s: The tasks' resource lock TTL; default ``GUARD_LOCK_TTL_S``, else 1 s.
         faults: Faults to inject; default from ``GUARD_FAULTS`` (none if unset).
         mail_url: Base URL of the mail service; default from ``GUARD_MAIL_URL``.
     """
@@ -296,10 +304,16 @@ def make_app(
         raw = os.environ.get(FAULTS_ENV)
         faults = Faults.from_json(raw) if raw else Faults()
     mail = mail_url or os.environ.get(MAIL_URL_ENV, "")
-    directory = events_dir(db_path_of(url))
+    lease_s = lease_s or float(os.environ.get(LEASE_ENV, "1.0"))
+    lock_ttl_s = lock_ttl_s or float(os.environ.get(LOCK_TTL_ENV, "1.0"))
+    directory = events_dir(url)
     record = Recorder(directory)
     fault = FaultInjector(faults, directory, record)
     app = App(url)
+
+    def sql(text: str) -> str:
+        return business_sql(url, text)
+
     guarded = {
         "visibility_timeout_s": lease_s,
         "lock_ttl_s": lock_ttl_s,
@@ -315,22 +329,25 @@ def make_app(
     def cut_stock(conn: Any, ctx: Context, order_id: int, sku: str) -> int:
         record("ran:cut-stock", ctx)
         changed = conn.execute(
-            "UPDATE products SET stock = stock - 1 WHERE sku = ? AND stock > 0", (sku,)
+            sql("UPDATE {products} SET stock = stock - 1 WHERE sku = ? AND stock > 0"), (sku,)
         ).rowcount
         if changed != 1:
             raise OutOfStockError(sku)
         conn.execute(
-            "INSERT INTO stock_moves (order_id, sku, fence, worker_id) VALUES (?, ?, ?, ?)",
+            sql("INSERT INTO {stock_moves} (order_id, sku, fence, worker_id) VALUES (?, ?, ?, ?)"),
             (order_id, sku, ctx.fence, ctx.worker_id),
         )
         fault(ctx, "stock-cut", order_id)
-        return int(conn.execute("SELECT stock FROM products WHERE sku = ?", (sku,)).fetchone()[0])
+        found = conn.execute(sql("SELECT stock FROM {products} WHERE sku = ?"), (sku,)).fetchone()
+        return int(found[0])
 
     def create_invoice(conn: Any, ctx: Context, order_id: int) -> dict[str, Any]:
         record("ran:invoice", ctx)
         # A plain INSERT: if this step ever ran twice, UNIQUE(order_id) would fail the job.
         invoice_id = conn.execute(
-            "INSERT INTO invoices (order_id, fence, worker_id) VALUES (?, ?, ?) RETURNING id",
+            sql(
+                "INSERT INTO {invoices} (order_id, fence, worker_id) VALUES (?, ?, ?) RETURNING id"
+            ),
             (order_id, ctx.fence, ctx.worker_id),
         ).fetchone()[0]
         fault(ctx, "invoice-inserted", order_id)
@@ -372,7 +389,10 @@ def make_app(
 
     def write_resource(conn: Any, ctx: Context, job_no: int, resource: str) -> int | None:
         conn.execute(
-            "INSERT INTO resource_writes (job_no, resource, fence, worker_id) VALUES (?, ?, ?, ?)",
+            sql(
+                "INSERT INTO {resource_writes} (job_no, resource, fence, worker_id)"
+                " VALUES (?, ?, ?, ?)"
+            ),
             (job_no, resource, ctx.fence, ctx.worker_id),
         )
         return ctx.fence

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support import stores
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -63,18 +65,18 @@ class WorkerProcess:
         assert self.popen.stdout is not None
         return self.popen.stdout.read()
 
-    def pause_between_writes(self, db_path: str | Path) -> None:
-        """SIGSTOP the worker at a moment it holds no write lock on the SQLite store.
+    def pause_between_writes(self, url: str) -> None:
+        """SIGSTOP the worker at a moment it is inside no transaction of the store.
 
-        SQLite locks the whole file for a write, so a process frozen inside a write transaction
-        (a heartbeat, say) would block every other worker for the busy timeout: a different
-        fault from "a worker paused while its job runs". The pause is retaken until it falls
-        between two writes.
+        SQLite locks the whole file for a write, and a PostgreSQL transaction holds its row
+        locks, so a process frozen inside a transaction (a heartbeat, say) would block other
+        workers: a different fault from "a worker paused while its job runs". The pause is
+        retaken until it falls between two transactions.
         """
         for _ in range(200):
             self.signal(signal.SIGSTOP)
             wait_until(lambda: all_threads_stopped(self.pid), timeout_s=10, interval_s=0.001)
-            if store_is_writable(db_path):
+            if outside_transactions(url, self.pid):
                 return
             self.signal(signal.SIGCONT)
             time.sleep(0.005)
@@ -95,7 +97,7 @@ class WorkerProcess:
 
 
 def spawn_worker(
-    db_path: str | Path,
+    url: str,
     app_module: str,
     *,
     queues: list[str] | None = None,
@@ -107,13 +109,13 @@ def spawn_worker(
     heartbeat: bool = True,
     env: dict[str, str] | None = None,
 ) -> WorkerProcess:
-    """Start ``tests.support.run_worker`` in a new interpreter against ``db_path``."""
+    """Start ``tests.support.run_worker`` in a new interpreter against the store at ``url``."""
     command = [
         sys.executable,
         "-m",
         "tests.support.run_worker",
-        "--db",
-        str(db_path),
+        "--url",
+        url,
         "--app",
         app_module,
         "--queues",
@@ -177,6 +179,19 @@ def all_threads_stopped(pid: int) -> bool:
         except (FileNotFoundError, IndexError):
             continue
     return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def outside_transactions(url: str, pid: int) -> bool:
+    """Whether worker process ``pid`` holds no transaction open on the store right now."""
+    if stores.kind_of(url) == "sqlite":
+        return store_is_writable(stores.sqlite_file(url))
+    # The PostgreSQL driver names its sessions after the process, for operators and for this.
+    busy = stores.query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state <> 'idle'",
+        [f"jobguard:{pid}"],
+    )
+    return bool(busy[0][0] == 0)
 
 
 def store_is_writable(db_path: str | Path, timeout_s: float = 0.05) -> bool:

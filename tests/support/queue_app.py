@@ -1,13 +1,13 @@
 """The app real worker processes run in the queue fault tests (``tests.support.queue_app``).
 
-Every task records what it saw in an event log of its own: a sidecar SQLite file next to the
-store (``<db>.events``), written outside jobguard's transactions, so the tests can compare what
-the handlers actually did (which process, which attempt, when, whether the lease was lost) with
-what the attempt log claims.
+Every task records what it saw in an event log of its own: a SQLite file in the store's home
+directory (:func:`tests.support.stores.home_of`), written outside jobguard's transactions, so
+the tests can compare what the handlers actually did (which process, which attempt, when,
+whether the lease was lost) with what the attempt log claims.
 
 Run as a module it is also the producer of the concurrent dedup test::
 
-    python -m tests.support.queue_app enqueue-dedup --db PATH --key K --count 100 --go FILE
+    python -m tests.support.queue_app enqueue-dedup --url URL --key K --count 100 --go FILE
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobguard import App, Context
+from tests.support import stores
 
 SLEEP = "sleep"
 KILL_SELF = "kill_self"
@@ -57,21 +58,22 @@ class Event:
     lease_lost: bool
 
 
-def events_path(db_path: str | Path) -> Path:
-    """The sidecar event log of the store at ``db_path``."""
-    return Path(f"{db_path}.events")
+def events_path(url: str) -> Path:
+    """The event log of the store at ``url``."""
+    return stores.home_of(url) / "events.sqlite"
 
 
-def _connect(db_path: str | Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(events_path(db_path), timeout=30.0, isolation_level=None)
+def _connect(url: str) -> sqlite3.Connection:
+    events_path(url).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(events_path(url), timeout=30.0, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(_EVENTS_SCHEMA)
     return conn
 
 
-def record(db_path: str | Path, ctx: Context, kind: str) -> None:
+def record(url: str, ctx: Context, kind: str) -> None:
     """Durably append one event for this delivery (committed before returning)."""
-    conn = _connect(db_path)
+    conn = _connect(url)
     try:
         conn.execute(
             "INSERT INTO events (job_id, attempt, worker_id, pid, kind, t, lease_lost) "
@@ -90,11 +92,11 @@ def record(db_path: str | Path, ctx: Context, kind: str) -> None:
         conn.close()
 
 
-def read_events(db_path: str | Path, job_id: int | None = None) -> list[Event]:
+def read_events(url: str, job_id: int | None = None) -> list[Event]:
     """Events in the order they were recorded, of one job or of all."""
-    if not events_path(db_path).exists():
+    if not events_path(url).exists():
         return []
-    conn = _connect(db_path)
+    conn = _connect(url)
     try:
         found = conn.execute(
             "SELECT job_id, attempt, worker_id, pid, kind, t, lease_lost FROM events "
@@ -112,7 +114,6 @@ def make_app(url: str, *, visibility_timeout_s: float = 1.0) -> App:
     The visibility timeout is stored on each job at enqueue, so the producer's value is the one
     the worker heartbeats against; workers need not be started with the same value.
     """
-    db_path = url.removeprefix("sqlite:///")
     app = App(url)
 
     @app.task(name=SLEEP, visibility_timeout_s=visibility_timeout_s, max_attempts=5)
@@ -122,13 +123,13 @@ def make_app(url: str, *, visibility_timeout_s: float = 1.0) -> App:
         On attempt ``await_lost_attempt`` it then waits for ``ctx.lease_lost`` before ending, so
         a paused-and-resumed worker records that it learnt of the loss.
         """
-        record(db_path, ctx, "start")
+        record(url, ctx, "start")
         time.sleep(sleep_s[min(ctx.attempt, len(sleep_s)) - 1])
         if ctx.attempt == await_lost_attempt:
             deadline = time.monotonic() + AWAIT_LOST_S
             while not ctx.lease_lost and time.monotonic() < deadline:
                 time.sleep(0.02)
-        record(db_path, ctx, "end")
+        record(url, ctx, "end")
 
     @app.task(
         name=KILL_SELF,
@@ -137,19 +138,19 @@ def make_app(url: str, *, visibility_timeout_s: float = 1.0) -> App:
     )
     def kill_self(ctx: Context) -> None:
         """Record the start, then SIGKILL the worker process running it (never reports back)."""
-        record(db_path, ctx, "start")
+        record(url, ctx, "start")
         os.kill(os.getpid(), signal.SIGKILL)
 
     @app.task(name=NOOP, visibility_timeout_s=visibility_timeout_s)
     def noop(ctx: Context, n: int = 0) -> None:
         """Record one ``end`` event and return."""
-        record(db_path, ctx, "end")
+        record(url, ctx, "end")
 
     return app
 
 
-def _enqueue_dedup(db: str, key: str, count: int, go: Path) -> None:
-    app = make_app(f"sqlite:///{db}")
+def _enqueue_dedup(url: str, key: str, count: int, go: Path) -> None:
+    app = make_app(url)
     _ = app.backend  # open the store before the start line, so every producer starts together
     print("READY", flush=True)
     while not go.exists():
@@ -167,12 +168,12 @@ def main() -> None:
     """Command line of the producer helper (see the module docstring)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["enqueue-dedup"])
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--url", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--go", required=True, help="start enqueueing once this file exists")
     args = parser.parse_args()
-    _enqueue_dedup(args.db, args.key, args.count, Path(args.go))
+    _enqueue_dedup(args.url, args.key, args.count, Path(args.go))
     sys.exit(0)
 
 

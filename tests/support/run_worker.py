@@ -15,7 +15,7 @@ import sys
 def main() -> None:
     """Parse arguments, build the app and run one worker until stopped."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--url", required=True, help="the store's URL")
     parser.add_argument("--app", required=True, help="module defining make_app(url)")
     parser.add_argument("--queues", default="")
     parser.add_argument("--concurrency", type=int, default=1)
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--no-heartbeat", action="store_true")
     args = parser.parse_args()
     module = importlib.import_module(args.app)
-    app = module.make_app(f"sqlite:///{args.db}")
+    app = module.make_app(args.url)
     worker = app.worker(
         [q for q in args.queues.split(",") if q] or None,
         concurrency=args.concurrency,

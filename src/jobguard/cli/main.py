@@ -39,6 +39,7 @@ COMMANDS = {
     "demo": "jobguard.cli.demo_cmd:demo",
     "doctor": "jobguard.cli.doctor_cmd:doctor",
     "prune": "jobguard.cli.prune_cmd:prune",
+    "migrate": "jobguard.cli.migrate_cmd:migrate",
 }
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
@@ -49,6 +50,7 @@ SHORT_HELP = {
     "doctor": "Find overlaps, tight timeouts, retry spikes and missing traces (R8.2-R8.5).",
     "enqueue": "Enqueue a job of a registered task.",
     "jobs": "List jobs, newest first.",
+    "migrate": "Apply the store's schema migrations (--dry-run shows the SQL).",
     "prune": "Delete old completed jobs and their attempts (retention).",
     "worker": "Run a worker process.",
 }

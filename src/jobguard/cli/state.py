@@ -47,6 +47,10 @@ class CliState:
             self._app = load_app(self.app_path) if self.app_path else App(self.url)
         return self._app
 
+    def app_without_store(self) -> App:
+        """The App (from --app, else a bare one on --url), its store not opened yet."""
+        return self.app()
+
     def inspecting_app(self) -> App:
         """The app for read-mostly commands (jobs, attempts, dlq).
 

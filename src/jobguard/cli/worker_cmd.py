@@ -79,6 +79,11 @@ def worker(
     # Printed once a signal is handled gracefully, so it also tells scripts "ready".
     click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
     stats = runner.run(burst=burst)
+    # The work is done and the process is exiting: a late signal must not turn a clean stop
+    # into death by signal (the interpreter resets Python-level handlers while it shuts down).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(sig, signal.SIG_IGN)
     summary = ", ".join(f"{k}={v}" for k, v in sorted(stats.outcomes.items())) or "no jobs"
     click.echo(f"worker stopped: {summary}; released {stats.released}", err=True)
     if runner.failure is not None:

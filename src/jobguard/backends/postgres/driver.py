@@ -55,10 +55,7 @@ def render_queries(schema: str) -> dict[str, str]:
     also checked to be a plain identifier where it was given.
     """
     values = {"schema": sql.Identifier(schema), "channel": sql.Literal(channel_of(schema))}
-    return {
-        name: sql.SQL(text).format(**values).as_string(None)
-        for name, text in _RAW.items()
-    }
+    return {name: sql.SQL(text).format(**values).as_string(None) for name, text in _RAW.items()}
 
 
 def channel_of(schema: str) -> str:
@@ -217,7 +214,12 @@ class PostgresDriver:
                         self._conninfo,
                         min_size=1,
                         max_size=self._pool_size,
-                        kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S},
+                        kwargs={
+                            "autocommit": True,
+                            "connect_timeout": _CONNECT_TIMEOUT_S,
+                            # Shown in pg_stat_activity: which worker process holds what.
+                            "application_name": f"jobguard:{pid}",
+                        },
                         timeout=30.0,
                         open=True,
                         name=f"jobguard-{self.schema}",
@@ -313,7 +315,7 @@ class PostgresDriver:
         if listener is not None and self._listener_pid == os.getpid() and not listener.closed:
             return listener
         try:
-            conn = self.connect()
+            conn = self.connect(application_name=f"jobguard:{os.getpid()}")
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_of(self.schema))))
         except (StoreUnavailableError, psycopg.Error):
             return None

@@ -49,7 +49,7 @@ def parse_postgres_url(url: str, schema: str | None = None) -> PostgresURL:
     options = []
     for key, value in query:
         if key == "schema":
-            chosen = chosen or value
+            chosen = value if chosen is None else chosen
         else:
             options.append((key, value))
     conninfo = urlunsplit(parts._replace(query=urlencode(options)))
@@ -57,4 +57,6 @@ def parse_postgres_url(url: str, schema: str | None = None) -> PostgresURL:
     if parts.password is not None:
         netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
     display = urlunsplit(parts._replace(netloc=netloc))
-    return PostgresURL(conninfo, check_schema_name(chosen or DEFAULT_SCHEMA), display)
+    return PostgresURL(
+        conninfo, check_schema_name(DEFAULT_SCHEMA if chosen is None else chosen), display
+    )

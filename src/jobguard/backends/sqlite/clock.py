@@ -44,6 +44,11 @@ class HostClock:
 def host_clock(conn: sqlite3.Connection) -> HostClock:
     """Read this boot's offset from the file, recording it first if this process is first."""
     boot = boot_id()
+    known = conn.execute(
+        "SELECT offset_s FROM jobguard_clock WHERE boot_id = ?", (boot,)
+    ).fetchone()
+    if known is not None:  # the usual case: no write lock taken
+        return HostClock(float(known[0]))
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute(

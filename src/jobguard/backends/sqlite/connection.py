@@ -154,6 +154,11 @@ def migrate(conn: sqlite3.Connection, *, dry_run: bool = False) -> tuple[int, li
     """
     migrations = migrations_of(_PACKAGE)
     try:
+        # Opening a current file takes no write lock: a producer may open the store while its
+        # own transaction on the file is open (transactional enqueue).
+        current = schema_version(conn)
+        if not pending(current, migrations, f"the SQLite database {conn_path(conn)!r}"):
+            return current, []
         conn.execute("BEGIN IMMEDIATE")
         try:
             current = schema_version(conn)

@@ -1,0 +1,118 @@
+"""PostgreSQL as the store: migrations, and bad URLs or schemas refused with a clear error that
+changes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from jobguard import App, ConfigurationError, StoreUnavailableError
+from jobguard.backends import migrate_store
+from jobguard.backends.postgres import PostgresBackend
+from jobguard.exceptions import SchemaVersionError
+from tests.support import pg, stores
+from tests.support.procs import clean_env, entry_point
+
+
+def fresh_schema_url() -> str:
+    """A schema name nobody has used, not migrated."""
+    import secrets
+
+    return f"{pg.session_database()}?schema=fresh_{secrets.token_hex(4)}"
+
+
+def schemas() -> set[str]:
+    rows = stores.query(pg.session_database(), "SELECT nspname FROM pg_namespace")
+    return {row[0] for row in rows}
+
+
+def jobguard(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [*entry_point(), *args]
+    return subprocess.run(
+        command, check=False, capture_output=True, text=True, env=clean_env(), timeout=60
+    )
+
+
+def test_migrate_dry_run_shows_the_sql_and_changes_nothing_then_migrate_applies_it() -> None:
+    url = fresh_schema_url()
+    schema = stores.schema_of(url)
+    dry = jobguard("--url", url, "migrate", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "CREATE TABLE jobs" in dry.stdout
+    assert schema not in schemas()
+
+    done = jobguard("--url", url, "migrate")
+    assert done.returncode == 0, done.stderr
+    assert "migrated to schema version 1" in done.stdout
+    again = jobguard("--url", url, "migrate")
+    assert "already at schema version 1" in again.stdout
+    app = App(url)
+    try:
+        assert app.counts()  # the store opens and answers
+    finally:
+        app.close()
+
+
+def test_a_store_that_was_never_migrated_is_refused_saying_what_to_run() -> None:
+    url = fresh_schema_url()
+    with pytest.raises(SchemaVersionError, match="jobguard migrate"):
+        PostgresBackend(url)
+    done = jobguard("--url", url, "jobs")
+    assert done.returncode == 2
+    assert "jobguard migrate" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_schema_newer_than_this_jobguard_is_refused() -> None:
+    url = fresh_schema_url()
+    migrate_store(url)
+    schema = stores.schema_of(url)
+    with psycopg.connect(pg.session_database(), autocommit=True) as conn:
+        conn.execute(f"INSERT INTO \"{schema}\".jobguard_schema (version, name) VALUES (99, 'x')")
+    with pytest.raises(SchemaVersionError, match="newer than this jobguard knows"):
+        PostgresBackend(url)
+    with pytest.raises(SchemaVersionError, match="newer"):
+        migrate_store(url)
+
+
+@pytest.mark.parametrize(
+    "schema", ["Jobs", "job-guard", "1jobs", 'x"; DROP TABLE y; --', "a" * 64, ""]
+)
+def test_a_schema_name_that_is_not_a_plain_identifier_is_refused(schema: str) -> None:
+    url = f"{pg.session_database()}?schema={schema}"
+    before = schemas()
+    with pytest.raises(ConfigurationError, match="schema name"):
+        App(url)
+    with pytest.raises(ConfigurationError, match="schema name"):
+        PostgresBackend(pg.session_database(), schema=schema)
+    assert schemas() == before
+
+
+def _replace(url: str, **parts: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(**parts))
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"netloc": "postgres@127.0.0.1:1"}, "cannot connect"),  # nothing listens there
+        ({"netloc": "no_such_role@127.0.0.1:5432"}, "no_such_role"),
+        ({"path": "/no_such_database"}, "no_such_database"),
+        ({"netloc": "postgres:secret-pw@127.0.0.1:1"}, "***"),  # the password is never shown
+    ],
+)
+def test_a_url_that_cannot_reach_the_database_gets_a_clear_error(
+    change: dict[str, str], says: str
+) -> None:
+    url = _replace(pg.session_database(), **change)
+    with pytest.raises(StoreUnavailableError, match="cannot connect") as caught:
+        PostgresBackend(url)
+    assert says in str(caught.value)
+    assert "secret-pw" not in str(caught.value)
+    done = jobguard("--url", url, "migrate")
+    assert done.returncode == 3
+    assert done.stderr.startswith("error:")
+    assert "secret-pw" not in done.stderr
