@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,6 +34,8 @@ class InFlight:
         self.finishing = False  # handler done; its finish waits in the worker's ack batch
         self.begun: Begun | None = None
         self.context: Context | None = None
+        # When the lease was last known to be ours (monotonic): fetched, or renewed.
+        self.renewed_at = time.monotonic()
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lease or lock is gone; the handler's writes will be refused."""

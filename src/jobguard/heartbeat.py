@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from jobguard.backends.base import Backend, Renewal
@@ -68,11 +69,15 @@ class Heartbeat(threading.Thread):
             Renewal(item.guard, item.delivery.visibility_timeout_s, item.lock_ttl_s)
             for item in current
         ]
+        beat_at = time.monotonic()
         try:
             results = self._backend.renew(renewals)
         except JobGuardError as exc:
             self._hooks.store_error("heartbeat", exc)
+            self._give_up_unrenewable(current, beat_at)
             return
+        for item in current:
+            item.renewed_at = beat_at
         for item, result in zip(current, results, strict=True):
             if not result.lease_ok:
                 reason = "lease expired and was taken over"
@@ -82,3 +87,13 @@ class Heartbeat(threading.Thread):
                 continue
             item.mark_lost(reason)
             self._hooks.lease_lost(item.delivery, reason)
+
+    def _give_up_unrenewable(self, current: list[InFlight], now: float) -> None:
+        """The store cannot be reached: a lease not renewed for its whole length may have
+        expired and been given to another worker, so treat it as lost (the handler sees
+        ``ctx.lease_lost``; the store refuses its writes if it was taken over)."""
+        for item in current:
+            if now - item.renewed_at >= item.delivery.visibility_timeout_s:
+                reason = "lease could not be renewed (store unreachable) and may have expired"
+                item.mark_lost(reason)
+                self._hooks.lease_lost(item.delivery, reason)

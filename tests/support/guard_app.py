@@ -166,8 +166,10 @@ def events_dir(url: str) -> Path:
 def create_business_tables(url: str, products: dict[str, int] | None = None) -> None:
     """Create the business tables beside the store and stock the given products."""
     statements = [business_sql(url, statement) for statement in BUSINESS_SCHEMA]
-    insert = business_sql(url, "INSERT INTO {products} (sku, stock) VALUES (?, ?)")
-    stores.execute(url, [*statements, insert], sorted((products or {}).items()))
+    stores.execute(url, statements)
+    if products:
+        insert = business_sql(url, "INSERT INTO {products} (sku, stock) VALUES (?, ?)")
+        stores.execute(url, [insert], sorted(products.items()))
 
 
 def query(url: str, sql: str, parameters: Iterable[Any] = ()) -> list[tuple[Any, ...]]:

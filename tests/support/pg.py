@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -62,3 +64,42 @@ def drop_session_database() -> None:
     """Drop this session's database if one was made."""
     while _session:
         drop_database(_session.pop())
+
+
+def terminate_connections_of(url: str, pid: int) -> int:
+    """Have the server cut every connection of worker process ``pid``; return how many."""
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s",
+            (f"jobguard:{pid}",),
+        ).fetchone()
+    del url  # every connection of that process, whichever store it serves
+    return int(row[0]) if row else 0
+
+
+def restart_postgres() -> None:
+    """Restart the machine's PostgreSQL cluster (fast shutdown: every connection is cut)."""
+    versions = sorted(os.listdir("/etc/postgresql"))
+    subprocess.run(
+        [
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            versions[-1],
+            "main",
+            "restart",
+            "-m",
+            "fast",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            psycopg.connect(ADMIN_URL, connect_timeout=2).close()
+            return
+        except psycopg.OperationalError:
+            time.sleep(0.2)
+    raise TimeoutError("PostgreSQL did not come back within 60 s")

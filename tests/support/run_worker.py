@@ -10,6 +10,19 @@ import argparse
 import importlib
 import os
 import sys
+import time
+
+SKEW_ENV = "TEST_CLOCK_SKEW_S"
+
+
+def skew_wall_clock() -> None:
+    """Simulate a host whose wall clock is off: ``time.time()`` of this process is moved by
+    ``TEST_CLOCK_SKEW_S`` seconds (the monotonic clocks are left alone, as NTP leaves them)."""
+    skew_s = float(os.environ.get(SKEW_ENV, "0") or 0)
+    if skew_s:
+        real_time, real_time_ns = time.time, time.time_ns
+        time.time = lambda: real_time() + skew_s  # type: ignore[assignment]
+        time.time_ns = lambda: real_time_ns() + int(skew_s * 1e9)  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -25,6 +38,7 @@ def main() -> None:
     parser.add_argument("--burst", action="store_true")
     parser.add_argument("--no-heartbeat", action="store_true")
     args = parser.parse_args()
+    skew_wall_clock()
     module = importlib.import_module(args.app)
     app = module.make_app(args.url)
     worker = app.worker(

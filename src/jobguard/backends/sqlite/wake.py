@@ -43,8 +43,6 @@ class Waker:
             sender.setblocking(False)
             for name in names:
                 path = self._dir / name
-                if path == self._path:
-                    continue
                 try:
                     sender.sendto(b"!", str(path))
                 except (ConnectionRefusedError, FileNotFoundError):
