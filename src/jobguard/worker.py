@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from jobguard.backends.base import DeliveryRules
 from jobguard.context import InFlight
+from jobguard.core.retry import full_jitter_s
 from jobguard.exceptions import ConfigurationError, JobGuardError, StoreBrokenError
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Delivery, Outcome
@@ -40,6 +41,7 @@ log = logging.getLogger("jobguard.worker")
 
 _STOP = object()
 ACK_BATCH_MAX = 512
+RECONNECT_CAP_S = 5.0
 
 
 @dataclass
@@ -119,6 +121,7 @@ class Worker:
             for name, task in app.tasks.items()
         }
         self.failure: StoreBrokenError | None = None
+        self._rng = random.Random()
         self._heartbeat = Heartbeat(app.backend, self._snapshot, app.hooks)
 
     # -- public ---------------------------------------------------------------------------------
@@ -155,6 +158,7 @@ class Worker:
         limit = self.concurrency + self.prefetch
         # Refill when the buffer ran below one batch of work, so fetches stay batched.
         refill_at = limit - max(1, self.prefetch, self.concurrency // 2)
+        failures = 0
         while not self._stopping.is_set():
             with self._slot_freed:
                 # Deliveries waiting only for their batched ack hold no handler thread.
@@ -173,9 +177,16 @@ class Worker:
                 return
             except JobGuardError as exc:
                 self.app.hooks.store_error("fetch", exc)
-                log.warning("fetch failed, retrying: %s", exc)
-                self._stopping.wait(min(1.0, self.poll_interval_s * 2))
+                failures += 1
+                # Full-jitter backoff: workers cut off together (a database restart) do not
+                # all reconnect in the same instant.
+                pause_s = full_jitter_s(failures, self.poll_interval_s, RECONNECT_CAP_S, self._rng)
+                log.warning(
+                    "fetch failed (%d in a row), retrying in %.2fs: %s", failures, pause_s, exc
+                )
+                self._stopping.wait(pause_s)
                 continue
+            failures = 0
             if deliveries:
                 self._accept(deliveries)
                 continue

@@ -596,3 +596,27 @@ def test_begin_many_begins_each_fresh_delivery_and_skips_stale_ones(
     assert backend.get_operation("op:stale") is None
     assert backend.get_operation("op:busy") is None
     assert stored(backend, "op:fresh").status == OperationStatus.PROCESSING
+
+
+def test_an_error_of_the_steps_own_sql_reaches_the_handler_as_step_sql_error(
+    backend: Backend,
+) -> None:
+    """Every backend raises one jobguard type for a failing statement of a db_step function,
+    wrapping the driver's own error; nothing of the step commits."""
+    guard = deliver(backend)
+    begin_operation(backend, guard, KEY, None)
+    backend.db_step(guard, KEY, "schema", create_invoices, ())
+    backend.db_step(guard, KEY, "first", insert_invoice, (7,))
+
+    def insert_twice(conn: Any, order_id: int) -> None:
+        insert_invoice(conn, order_id + 1)
+        insert_invoice(conn, order_id)  # the primary key refuses it
+
+    with pytest.raises(StepSQLError) as caught:
+        backend.db_step(guard, KEY, "second", insert_twice, (7,))
+    assert caught.value.__cause__ is not None
+    assert type(caught.value.__cause__).__module__.split(".")[0] in ("sqlite3", "psycopg")
+    assert count_invoices(backend, guard) == 1  # order 8 rolled back with the failed step
+    operation = backend.get_operation(KEY)
+    assert operation is not None
+    assert "second" not in operation.steps

@@ -234,7 +234,7 @@ class PostgresDriver:
                 with self._pool_of_this_process().connection() as conn, conn.transaction():
                     return fn(PostgresTx(conn, self._queries, self._clock))
             except UserCodeError as exc:
-                raise exc.original from None
+                raise exc.original from exc.original.__cause__
             except _RETRYABLE as exc:
                 if attempt + 1 == _RETRIES:
                     raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc

@@ -1,0 +1,102 @@
+-- jobguard PostgreSQL schema as the migrations leave it (the newest version), in one piece.
+-- A test replays migrations/ on an empty schema and compares the result with this file.
+-- Times are seconds since the Unix epoch (double precision), from the database's clock
+-- (clock_timestamp()), so workers on hosts whose clocks disagree see the same expiries.
+
+CREATE TABLE jobs (
+    id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task                 text    NOT NULL,
+    queue                text    NOT NULL,
+    payload              text    NOT NULL,
+    status               text    NOT NULL CHECK (status IN ('queued', 'running', 'completed', 'dead')),
+    priority             integer NOT NULL DEFAULT 0,
+    -- queued: when it may run; running: when its lease expires. NULL once final.
+    available_at         double precision,
+    run_at               double precision NOT NULL,
+    attempts             integer NOT NULL DEFAULT 0,
+    max_attempts         integer NOT NULL,
+    deferrals            integer NOT NULL DEFAULT 0,
+    visibility_timeout_s double precision NOT NULL,
+    lease_token          text UNIQUE,
+    worker_id            text,
+    operation_key        text,
+    resource_key         text,
+    lock_ttl_s           double precision,
+    dedup_key            text,
+    dedup_window_s       double precision NOT NULL DEFAULT 0,
+    dedup_hits           integer NOT NULL DEFAULT 0,
+    error_signature      text,
+    same_error_count     integer NOT NULL DEFAULT 0,
+    last_error           text,
+    dead_code            text,
+    dead_reason          text,
+    headers              text,
+    created_at           double precision NOT NULL,
+    finished_at          double precision
+);
+
+-- The fetch scan: only live jobs are indexed, so finished rows cost the scan nothing however
+-- many there are.
+CREATE INDEX jobs_ready ON jobs (queue, priority DESC, available_at, id)
+    WHERE status IN ('queued', 'running');
+CREATE INDEX jobs_dedup ON jobs (dedup_key, id) WHERE dedup_key IS NOT NULL;
+CREATE INDEX jobs_status ON jobs (status, id);
+CREATE INDEX jobs_operation ON jobs (operation_key) WHERE operation_key IS NOT NULL;
+-- Retention deletes completed jobs oldest first.
+CREATE INDEX jobs_finished ON jobs (finished_at, id) WHERE status = 'completed';
+
+CREATE TABLE attempts (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id          bigint  NOT NULL,
+    attempt         integer NOT NULL,
+    task            text    NOT NULL,
+    queue           text    NOT NULL,
+    operation_key   text,
+    worker_id       text    NOT NULL,
+    lease_token     text    NOT NULL UNIQUE,
+    lock_owner      text,
+    fence           bigint,
+    started_at      double precision NOT NULL,
+    ended_at        double precision,
+    duration_s      double precision,
+    outcome         text    NOT NULL DEFAULT 'running',
+    error_type      text,
+    error_message   text,
+    traceback       text,
+    steps_run       integer NOT NULL DEFAULT 0,
+    steps_skipped   integer NOT NULL DEFAULT 0
+);
+CREATE INDEX attempts_job ON attempts (job_id, id);
+CREATE INDEX attempts_operation ON attempts (operation_key, id) WHERE operation_key IS NOT NULL;
+
+-- One row per resource ever locked: the fence counter must survive release so it never repeats.
+CREATE TABLE locks (
+    resource    text PRIMARY KEY,
+    owner       text,
+    fence       bigint NOT NULL,
+    expires_at  double precision
+);
+
+CREATE TABLE operations (
+    key           text PRIMARY KEY,
+    status        text    NOT NULL CHECK (status IN ('processing', 'completed', 'failed')),
+    resource_key  text,
+    owner_lease   text,
+    result        text,
+    external_ref  text,
+    attempts      integer NOT NULL DEFAULT 0,
+    fence         bigint,
+    last_error    text,
+    created_at    double precision NOT NULL,
+    updated_at    double precision NOT NULL,
+    completed_at  double precision
+);
+
+CREATE TABLE steps (
+    operation_key text NOT NULL,
+    name          text NOT NULL,
+    result        text NOT NULL,
+    fence         bigint,
+    created_at    double precision NOT NULL,
+    PRIMARY KEY (operation_key, name)
+);

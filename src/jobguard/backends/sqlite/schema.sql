@@ -1,0 +1,109 @@
+-- jobguard SQLite schema as the migrations leave it (the newest version), in one piece.
+-- A test replays migrations/ on an empty file and compares the result with this file.
+-- Times are seconds since the Unix epoch (REAL), from the store clock passed by the backend.
+
+CREATE TABLE IF NOT EXISTS jobs (
+    id                   INTEGER PRIMARY KEY AUTOINCREMENT,
+    task                 TEXT    NOT NULL,
+    queue                TEXT    NOT NULL,
+    payload              TEXT    NOT NULL,
+    status               TEXT    NOT NULL CHECK (status IN ('queued', 'running', 'completed', 'dead')),
+    priority             INTEGER NOT NULL DEFAULT 0,
+    -- queued: when it may run; running: when its lease expires. NULL once final.
+    available_at         REAL,
+    run_at               REAL    NOT NULL,
+    attempts             INTEGER NOT NULL DEFAULT 0,
+    max_attempts         INTEGER NOT NULL,
+    deferrals            INTEGER NOT NULL DEFAULT 0,
+    visibility_timeout_s REAL    NOT NULL,
+    lease_token          TEXT UNIQUE,
+    worker_id            TEXT,
+    operation_key        TEXT,
+    resource_key         TEXT,
+    lock_ttl_s           REAL,
+    dedup_key            TEXT,
+    dedup_window_s       REAL    NOT NULL DEFAULT 0,
+    dedup_hits           INTEGER NOT NULL DEFAULT 0,
+    error_signature      TEXT,
+    same_error_count     INTEGER NOT NULL DEFAULT 0,
+    last_error           TEXT,
+    dead_reason          TEXT,
+    created_at           REAL    NOT NULL,
+    finished_at          REAL,
+    -- Why a job is dead, as a code; the words are made above the store (NULL text: from the code).
+    dead_code            TEXT,
+    -- Context carried with a job (a JSON object as text), e.g. the enqueuer's trace.
+    headers              TEXT
+);
+
+-- The fetch scan: only live jobs are indexed, so finished rows cost the scan nothing.
+CREATE INDEX IF NOT EXISTS jobs_ready
+    ON jobs (queue, priority DESC, available_at, id)
+    WHERE status IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS jobs_dedup ON jobs (dedup_key, id) WHERE dedup_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, id);
+CREATE INDEX IF NOT EXISTS jobs_operation ON jobs (operation_key) WHERE operation_key IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS attempts (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id          INTEGER NOT NULL,
+    attempt         INTEGER NOT NULL,
+    task            TEXT    NOT NULL,
+    queue           TEXT    NOT NULL,
+    operation_key   TEXT,
+    worker_id       TEXT    NOT NULL,
+    lease_token     TEXT    NOT NULL UNIQUE,
+    lock_owner      TEXT,
+    fence           INTEGER,
+    started_at      REAL    NOT NULL,
+    ended_at        REAL,
+    duration_s      REAL,
+    outcome         TEXT    NOT NULL DEFAULT 'running',
+    error_type      TEXT,
+    error_message   TEXT,
+    traceback       TEXT,
+    steps_run       INTEGER NOT NULL DEFAULT 0,
+    steps_skipped   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS attempts_job ON attempts (job_id, id);
+CREATE INDEX IF NOT EXISTS attempts_operation ON attempts (operation_key, id)
+    WHERE operation_key IS NOT NULL;
+
+-- One row per resource ever locked: the fence counter must survive release so it never repeats.
+CREATE TABLE IF NOT EXISTS locks (
+    resource    TEXT PRIMARY KEY,
+    owner       TEXT,
+    fence       INTEGER NOT NULL,
+    expires_at  REAL
+);
+
+CREATE TABLE IF NOT EXISTS operations (
+    key           TEXT PRIMARY KEY,
+    status        TEXT    NOT NULL CHECK (status IN ('processing', 'completed', 'failed')),
+    resource_key  TEXT,
+    owner_lease   TEXT,
+    result        TEXT,
+    external_ref  TEXT,
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    fence         INTEGER,
+    last_error    TEXT,
+    created_at    REAL    NOT NULL,
+    updated_at    REAL    NOT NULL,
+    completed_at  REAL
+);
+
+CREATE TABLE IF NOT EXISTS steps (
+    operation_key TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    result        TEXT NOT NULL,
+    fence         INTEGER,
+    created_at    REAL NOT NULL,
+    PRIMARY KEY (operation_key, name)
+);
+
+-- The store clock of one host: seconds since boot plus the wall-clock offset recorded by the
+-- first process of each boot.
+CREATE TABLE IF NOT EXISTS jobguard_clock (
+    boot_id  TEXT PRIMARY KEY,
+    offset_s REAL NOT NULL
+);
