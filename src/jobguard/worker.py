@@ -42,6 +42,8 @@ log = logging.getLogger("jobguard.worker")
 _STOP = object()
 ACK_BATCH_MAX = 512
 RECONNECT_CAP_S = 5.0
+PRUNE_EVERY_MIN_S = 0.1
+PRUNE_EVERY_MAX_S = 60.0
 
 
 @dataclass
@@ -76,6 +78,9 @@ class Worker:
         heartbeat: Renew leases and locks. Turning it off exists only to show what goes wrong
             without it (``jobguard demo --unsafe``); never do it in production.
         install_signal_handlers: Handle SIGTERM/SIGINT when run on the main thread.
+        retention_s: If set, a thread of this worker deletes completed jobs (and their attempt
+            rows) finished longer ago than this, in short batches, every ``retention_s / 2``
+            seconds (at most every minute); operation records and steps are kept.
     """
 
     def __init__(
@@ -90,9 +95,15 @@ class Worker:
         worker_id: str | None = None,
         heartbeat: bool = True,
         install_signal_handlers: bool = True,
+        retention_s: float | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1")
+        if retention_s is not None and not (0 <= retention_s < float("inf")):
+            raise ConfigurationError(
+                f"retention_s must be a number of seconds >= 0 (or None), not {retention_s!r}"
+            )
+        self.retention_s = retention_s
         self.app = app
         self.queues = [check_queue_name(q) for q in (queues or app.queues())]
         if not self.queues:
@@ -142,6 +153,10 @@ class Worker:
         for thread in threads:
             thread.start()
         self._acker.start()
+        if self.retention_s is not None:
+            threading.Thread(
+                target=self._prune_loop, name="jobguard-retention", daemon=True
+            ).start()
         if self.use_heartbeat:
             self._heartbeat.start()
         self.app.hooks.worker_started(self.worker_id, self.queues)
@@ -226,6 +241,19 @@ class Worker:
         self._heartbeat.poke()
         for item in items:
             self._buffer.put(item)
+
+    def _prune_loop(self) -> None:
+        """Retention: completed jobs leave the store (and the fetch scan) on a schedule."""
+        assert self.retention_s is not None
+        every_s = min(PRUNE_EVERY_MAX_S, max(PRUNE_EVERY_MIN_S, self.retention_s / 2))
+        while not self._stopping.wait(every_s):
+            try:
+                pruned = self.app.backend.prune_completed(self.retention_s)
+            except JobGuardError as exc:
+                self.app.hooks.store_error("prune", exc)
+                continue
+            if pruned:
+                log.info("retention: pruned %d completed jobs", pruned)
 
     def _snapshot(self) -> list[InFlight]:
         with self._inflight_lock:

@@ -15,6 +15,7 @@ import json
 import random
 import signal
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -505,7 +506,10 @@ def run_storm(shop: Shop, *, disrupt: Callable[[Chaos], None] | None = None) -> 
     with Chaos(shop, faults, slots=4, every_s=0.5, seed=3) as chaos:
         if disrupt is not None:
             disrupt(chaos)
-        wait_until(all_completed, timeout_s=120, interval_s=0.25)
+        try:
+            wait_until(all_completed, timeout_s=120, interval_s=0.25)
+        except TimeoutError:
+            raise AssertionError(f"not all completed: {shop.app.counts()}") from None
 
     counts = shop.app.counts()
     assert counts[JobStatus.COMPLETED] == len(jobs)  # no job lost, none dead
@@ -563,8 +567,13 @@ def test_on_postgresql_cut_connections_and_a_database_restart_lose_nothing(
     def disrupt(chaos: Chaos) -> None:
         def faults() -> None:
             wait_until(lambda: len(read_events(shop.url)) > 200, timeout_s=60, interval_s=0.1)
-            victim = chaos.slots[0].pid
-            cut = terminate_connections_of(shop.url, victim)
+            # A worker that is connected right now (a slot may have just been restarted).
+            for _ in range(100):
+                victim = chaos.rng.choice(chaos.slots).pid
+                cut = terminate_connections_of(shop.url, victim)
+                if cut:
+                    break
+                time.sleep(0.05)
             done.append(f"terminated {cut} connections of worker {victim}")
             wait_until(lambda: len(read_events(shop.url)) > 900, timeout_s=60, interval_s=0.1)
             restart_postgres()

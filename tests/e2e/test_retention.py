@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from jobguard import App, Context, JobStatus, Outcome
@@ -51,3 +52,35 @@ def test_prune_command_reports_what_it_deleted(tmp_path: Path) -> None:
     assert App(f"sqlite:///{db}").counts()[JobStatus.COMPLETED] == 0
     bad = runner.invoke(cli, ["--url", f"sqlite:///{db}", "prune", "--older-than-s", "-1"])
     assert bad.exit_code == 2
+
+
+def test_a_worker_with_a_retention_prunes_completed_jobs_as_it_runs(store_url: str) -> None:
+    """``retention_s`` on the worker: completed jobs leave the store while the worker runs,
+    their operation records stay; a bad retention is refused where it is given."""
+    import threading
+
+    from jobguard import ConfigurationError
+    from tests.support.procs import wait_until
+
+    app = App(store_url)
+
+    @app.task(operation_key="receipt:{n}")
+    def receipt(ctx: Context, n: int) -> None:
+        """Nothing to do."""
+
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigurationError, match="retention_s"):
+            app.worker(retention_s=bad)
+    for n in range(5):
+        receipt.enqueue(n=n)
+    worker = app.worker(retention_s=0.0, install_signal_handlers=False, grace_s=1.0)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: sum(app.counts().values()) == 0 and len(app.attempts()) == 0, 20)
+    finally:
+        worker.stop()
+        runner.join(timeout=20)
+    assert worker.stats.outcomes == {Outcome.COMPLETED: 5}
+    assert all(app.operation(f"receipt:{n}") is not None for n in range(5))
+    app.close()

@@ -59,6 +59,12 @@ def _stop_on_signals(runner: Worker) -> None:
 )
 @click.option("--burst", is_flag=True, help="Exit once no job is ready and none is running.")
 @click.option("--worker-id", default=None, help="Name in the attempt log (default host:pid:rand).")
+@click.option(
+    "--retention-s",
+    default=None,
+    type=click.FloatRange(0, max_open=True, max=float("inf")),
+    help="Delete completed jobs finished longer ago than this (default: keep them).",
+)
 @click.pass_obj
 def worker(
     state: CliState,
@@ -68,12 +74,18 @@ def worker(
     grace_s: float,
     burst: bool,
     worker_id: str | None,
+    retention_s: float | None,
 ) -> None:
     """Fetch and run jobs until SIGTERM/SIGINT (graceful) or, with --burst, until idle."""
     app = state.app_with_tasks()
     names = [q.strip() for q in queues.split(",") if q.strip()] or None
     runner = app.worker(
-        names, concurrency=concurrency, prefetch=prefetch, grace_s=grace_s, worker_id=worker_id
+        names,
+        concurrency=concurrency,
+        prefetch=prefetch,
+        grace_s=grace_s,
+        worker_id=worker_id,
+        retention_s=retention_s,
     )
     _stop_on_signals(runner)
     # Printed once a signal is handled gracefully, so it also tells scripts "ready".

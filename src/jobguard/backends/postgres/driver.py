@@ -41,6 +41,7 @@ _RAW = load_queries("jobguard.backends.postgres")
 _RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
 _RETRIES = 5
 _CONNECT_TIMEOUT_S = 10
+_RECONNECT_WINDOW_S = 5.0
 # Statements a db_step function may not run: they would end the step's transaction.
 _TRANSACTION_CONTROL = re.compile(
     r"^\s*(begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction)\b",
@@ -221,6 +222,10 @@ class PostgresDriver:
                             "application_name": f"jobguard:{pid}",
                         },
                         timeout=30.0,
+                        # The pool retries a failed connect with doubling delays until this
+                        # runs out, then starts over from 1 s on the next demand: a short
+                        # limit keeps a restarted server from being noticed minutes late.
+                        reconnect_timeout=_RECONNECT_WINDOW_S,
                         open=True,
                         name=f"jobguard-{self.schema}",
                     )
