@@ -95,3 +95,23 @@ class UserCodeError(Exception):
     def __init__(self, original: BaseException) -> None:
         super().__init__(repr(original))
         self.original = original
+
+
+class NamedStatements:
+    """``one``/``all``/``run`` of :class:`Tx` over a driver's ``_execute`` (a DB-API cursor)."""
+
+    def _execute(self, name: str, params: Params) -> Any:
+        raise NotImplementedError
+
+    def one(self, name: str, params: Params) -> Row | None:
+        """First row of a named statement, or ``None``."""
+        row: Row | None = self._execute(name, params).fetchone()
+        return row
+
+    def all(self, name: str, params: Params) -> list[Row]:
+        """Every row of a named statement."""
+        return list(self._execute(name, params).fetchall())
+
+    def run(self, name: str, params: Params) -> int:
+        """Rows changed by a named statement."""
+        return int(self._execute(name, params).rowcount)

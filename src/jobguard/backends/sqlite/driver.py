@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
-from jobguard.backends.sql.driver import Row, Tx
+from jobguard.backends.sql.driver import NamedStatements, Tx
 from jobguard.backends.sqlite.clock import host_clock
 from jobguard.backends.sqlite.connection import (
     ProcessLocal,
@@ -43,7 +43,7 @@ def _param(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, list | tuple) else value
 
 
-class SQLiteTx:
+class SQLiteTx(NamedStatements):
     """Named statements on one SQLite connection inside a transaction."""
 
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
@@ -59,19 +59,6 @@ class SQLiteTx:
         cursor = self._conn.cursor()
         cursor.row_factory = sqlite3.Row  # also on a caller's own connection (adopt)
         return cursor.execute(Q[name], {key: _param(value) for key, value in params.items()})
-
-    def one(self, name: str, params: Mapping[str, Any]) -> Row | None:
-        """First row of a named statement, or ``None``."""
-        row: Row | None = self._execute(name, params).fetchone()
-        return row
-
-    def all(self, name: str, params: Mapping[str, Any]) -> list[Row]:
-        """Every row of a named statement."""
-        return list(self._execute(name, params).fetchall())
-
-    def run(self, name: str, params: Mapping[str, Any]) -> int:
-        """Rows changed by a named statement."""
-        return int(self._execute(name, params).rowcount)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
