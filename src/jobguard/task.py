@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jobguard.core.keys import check_key, render_key, template_fields
 from jobguard.core.retry import RetryPolicy
@@ -15,7 +15,25 @@ from jobguard.exceptions import ConfigurationError, PayloadError
 from jobguard.models import Job, JobSpec
 
 if TYPE_CHECKING:
-    from jobguard.app import App
+    from jobguard.backends.base import Backend
+
+
+class TaskHost(Protocol):
+    """What a task needs of the application that registered it (the App is one).
+
+    A protocol, so this module knows nothing of the layer above it.
+    """
+
+    @property
+    def backend(self) -> Backend:
+        """The store jobs are enqueued into."""
+
+    @property
+    def max_payload_bytes(self) -> int:
+        """Largest JSON payload accepted at enqueue."""
+
+    def visibility_timeout_for(self, queue: str) -> float:
+        """The lease length of ``queue`` for tasks that do not set their own."""
 
 QUEUE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}")  # <locals> of nested handlers
@@ -75,7 +93,7 @@ class Task:
 
     def __init__(
         self,
-        app: App,
+        app: TaskHost,
         fn: Callable[..., Any],
         *,
         name: str,

@@ -20,10 +20,10 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from jobguard.backends.base import DeliveryRules
 from jobguard.context import InFlight
@@ -35,7 +35,31 @@ from jobguard.pipeline import Pipeline, Settled, guard_of
 from jobguard.task import check_queue_name
 
 if TYPE_CHECKING:
-    from jobguard.app import App
+    from jobguard.backends.base import Backend
+    from jobguard.hooks import Hooks
+    from jobguard.task import Task
+
+
+class WorkerHost(Protocol):
+    """What a worker needs of the application whose jobs it runs (the App is one).
+
+    A protocol, so this module knows nothing of the layer above it.
+    """
+
+    @property
+    def backend(self) -> Backend:
+        """The store to fetch from."""
+
+    @property
+    def tasks(self) -> Mapping[str, Task]:
+        """The registered tasks, by name."""
+
+    @property
+    def hooks(self) -> Hooks:
+        """Callbacks for metrics and logs."""
+
+    def queues(self) -> list[str]:
+        """The default queues of the registered tasks."""
 
 log = logging.getLogger("jobguard.worker")
 
@@ -85,7 +109,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: WorkerHost,
         queues: list[str] | None = None,
         *,
         concurrency: int = 4,
