@@ -35,6 +35,7 @@ class TaskHost(Protocol):
     def visibility_timeout_for(self, queue: str) -> float:
         """The lease length of ``queue`` for tasks that do not set their own."""
 
+
 QUEUE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}")  # <locals> of nested handlers
 

@@ -61,6 +61,7 @@ class WorkerHost(Protocol):
     def queues(self) -> list[str]:
         """The default queues of the registered tasks."""
 
+
 log = logging.getLogger("jobguard.worker")
 
 _STOP = object()

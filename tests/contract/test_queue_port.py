@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from jobguard.backends.base import Backend, Closing, ErrorInfo, FinishRequest, Renewal
+from jobguard.backends.base import (
+    Backend,
+    Closing,
+    DeliveryRules,
+    ErrorInfo,
+    FinishRequest,
+    Renewal,
+)
 from jobguard.exceptions import DuplicateJobError, JobGuardError, LeaseLostError, NotFoundError
 from jobguard.models import DeadCode, Guard, Job, JobSpec, JobStatus, Outcome
 from jobguard.testing import ControlledClock
@@ -677,3 +684,37 @@ def test_prune_deletes_old_completed_jobs_in_batches_and_keeps_everything_else(
     assert backend.prune_completed(50) == 0
     with pytest.raises(JobGuardError):
         backend.prune_completed(-1)
+
+
+def test_the_fetching_workers_rules_decide_the_lease_not_the_stored_copy(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """A producer still on old code stored a 30 s lease; the worker's own definition says 90 s:
+    the delivery gets 90 s. Jobs of tasks the worker has no rule for keep what was stored."""
+    backend.enqueue(make_spec())
+    backend.enqueue(make_spec(task="tests.other"))
+    rules = {"tests.noop": DeliveryRules(visibility_timeout_s=90.0, max_attempts=3)}
+    mine, other = backend.fetch(["default"], 10, "w1", rules)
+    now = backend.now()
+    assert mine.visibility_timeout_s == 90.0
+    assert mine.lease_expires_at == pytest.approx(now + 90.0, abs=1.0)
+    assert other.visibility_timeout_s == 30.0
+    clock.advance(60.0)  # past the stored 30 s, within the worker's 90 s
+    redelivered = backend.fetch(["default"], 10, "w2", rules)
+    assert [d.job_id for d in redelivered] == [other.job_id]
+
+
+def test_the_fetching_workers_attempt_limit_decides_when_a_lost_job_is_buried(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """Stored with 1 attempt by an old producer, allowed 3 by the worker's definition: a delivery
+    that never reported back is delivered again instead of being buried."""
+    job = backend.enqueue(make_spec(max_attempts=1, visibility_timeout_s=5.0))
+    rules = {"tests.noop": DeliveryRules(visibility_timeout_s=5.0, max_attempts=3)}
+    backend.fetch(["default"], 1, "w1", rules)
+    clock.advance(6.0)
+    [again] = backend.fetch(["default"], 1, "w2", rules)
+    assert (again.job_id, again.attempt) == (job.id, 2)
+    clock.advance(6.0)
+    assert backend.fetch(["default"], 1, "w3") == []  # without rules, the stored limit of 1
+    assert backend.get_job(job.id).status == JobStatus.DEAD

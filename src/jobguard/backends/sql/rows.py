@@ -63,7 +63,7 @@ def delivery(row: Row, attempt_id: int) -> Delivery:
         lease_token=row["lease_token"],
         attempt_id=attempt_id,
         lease_expires_at=row["available_at"],
-        visibility_timeout_s=row["visibility_timeout_s"],
+        visibility_timeout_s=row["lease_s"],  # the fetching worker's lease, or the stored one
         operation_key=row["operation_key"],
         resource_key=row["resource_key"],
         lock_ttl_s=row["lock_ttl_s"],
