@@ -211,9 +211,6 @@ WHERE key = %(key)s AND owner_lease = %(owner_lease)s AND status = 'processing';
 -- name: steps_of_operation
 SELECT name, result FROM {schema}.steps WHERE operation_key = %(key)s;
 
--- name: step_row
-SELECT result FROM {schema}.steps WHERE operation_key = %(key)s AND name = %(name)s;
-
 -- name: insert_step
 INSERT INTO {schema}.steps (operation_key, name, result, fence, created_at)
 VALUES (%(key)s, %(name)s, %(result)s, %(fence)s, %(now)s);
@@ -232,13 +229,16 @@ UPDATE {schema}.attempts SET lock_owner = %(lock_owner)s, fence = %(fence)s WHER
 
 -- name: guard_state
 -- Everything a guarded write must prove, in one round trip: lease current, newest fence issued
--- for the resource, and whether this lease holds the operation's claim.
+-- for the resource, whether this lease holds the operation's claim, and (for a db_step) the
+-- step's stored result if it already ran.
 SELECT
     (SELECT 1 FROM {schema}.jobs
      WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running') AS lease_ok,
     (SELECT fence FROM {schema}.locks WHERE resource = %(resource)s::text) AS fence,
     (SELECT 1 FROM {schema}.operations
-     WHERE key = %(key)s::text AND owner_lease = %(lease_token)s) AS claim_ok;
+     WHERE key = %(key)s::text AND owner_lease = %(lease_token)s) AS claim_ok,
+    (SELECT result FROM {schema}.steps
+     WHERE operation_key = %(key)s::text AND name = %(step)s::text) AS step_result;
 
 -- name: any_ready
 -- A cheap read-only look before taking the write lock for a fetch.

@@ -96,9 +96,10 @@ class SQLStore:
             raise messages.stale_fence(guard.lock.resource, guard.lock.fence, row["fence"])
 
     @staticmethod
-    def _verify(tx: Tx, guard: Guard, claim_key: str | None) -> None:
+    def _verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None) -> Row:
         """Refuse a write whose lease is stale, whose fence is old, or (with ``claim_key``)
-        whose delivery no longer holds the operation's claim."""
+        whose delivery no longer holds the operation's claim. Returns the state read, with the
+        stored result of ``step`` (if given and already recorded) in ``step_result``."""
         state = tx.one(
             "guard_state",
             {
@@ -106,6 +107,7 @@ class SQLStore:
                 "lease_token": guard.lease_token,
                 "resource": guard.lock.resource if guard.lock else None,
                 "key": claim_key,
+                "step": step,
             },
         )
         assert state is not None  # a SELECT of sub-queries always returns its one row
@@ -116,6 +118,7 @@ class SQLStore:
             raise messages.stale_fence(guard.lock.resource, guard.lock.fence, newest)
         if claim_key is not None and state["claim_ok"] is None:
             raise messages.claim_lost(claim_key)
+        return state
 
     @staticmethod
     def _transition(tx: Tx, query: str, params: dict[str, Any]) -> None:
@@ -772,10 +775,9 @@ class SQLStore:
         """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
 
         def op(tx: Tx) -> tuple[bool, Any]:
-            self._verify(tx, guard, key)
-            stored = tx.one("step_row", {"key": key, "name": name})
+            stored = self._verify(tx, guard, key, step=name)["step_result"]
             if stored is not None:
-                return False, json.loads(stored["result"])
+                return False, json.loads(stored)
             try:
                 with self.driver.step_connection(tx) as conn:
                     value = fn(conn, *args)

@@ -206,9 +206,6 @@ WHERE key = :key AND owner_lease = :owner_lease AND status = 'processing';
 -- name: steps_of_operation
 SELECT name, result FROM steps WHERE operation_key = :key;
 
--- name: step_row
-SELECT result FROM steps WHERE operation_key = :key AND name = :name;
-
 -- name: insert_step
 INSERT INTO steps (operation_key, name, result, fence, created_at)
 VALUES (:key, :name, :result, :fence, :now);
@@ -227,12 +224,14 @@ UPDATE attempts SET lock_owner = :lock_owner, fence = :fence WHERE id = :attempt
 
 -- name: guard_state
 -- Everything a guarded write must prove, in one round trip: lease current, newest fence issued
--- for the resource, and whether this lease holds the operation's claim.
+-- for the resource, whether this lease holds the operation's claim, and (for a db_step) the
+-- step's stored result if it already ran.
 SELECT
     (SELECT 1 FROM jobs
      WHERE id = :job_id AND lease_token = :lease_token AND status = 'running') AS lease_ok,
     (SELECT fence FROM locks WHERE resource = :resource) AS fence,
-    (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token) AS claim_ok;
+    (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token) AS claim_ok,
+    (SELECT result FROM steps WHERE operation_key = :key AND name = :step) AS step_result;
 
 -- name: any_ready
 -- A cheap read-only look before taking the write lock for a fetch.
