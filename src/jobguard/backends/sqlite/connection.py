@@ -15,6 +15,7 @@ import random
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,11 +38,14 @@ class SQLiteOptions:
         synchronous: ``FULL`` (default: a commit survives power loss) or ``NORMAL``.
         busy_timeout_s: How long a write waits for another process's transaction before failing
             with :class:`~jobguard.exceptions.StoreUnavailableError`.
+        create: Create the file if it is missing. Off once the store is open: a file deleted
+            under a running worker must fail its next connection, not become a new empty one.
     """
 
     path: str
     synchronous: str = "FULL"
     busy_timeout_s: float = 30.0
+    create: bool = True
 
     def __post_init__(self) -> None:
         if self.synchronous not in ("FULL", "NORMAL", "EXTRA"):
@@ -57,11 +61,13 @@ def open_connection(
 ) -> sqlite3.Connection:
     """Open a connection in autocommit mode (transactions are explicit) with our pragmas."""
     try:
+        target = options.path if options.create else f"{_file_uri(options.path)}?mode=rw"
         conn = sqlite3.connect(
-            options.path,
+            target,
             timeout=options.busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
             isolation_level=None,
             check_same_thread=False,
+            uri=not options.create,
         )
         conn.row_factory = sqlite3.Row
         _enable_wal(conn, options.busy_timeout_s)
@@ -70,6 +76,11 @@ def open_connection(
     except sqlite3.Error as exc:
         raise StoreUnavailableError(f"cannot open SQLite database {options.path!r}: {exc}") from exc
     return conn
+
+
+def _file_uri(path: str) -> str:
+    """A ``file:`` URI naming ``path`` exactly (``?`` and ``#`` in names are escaped)."""
+    return "file:" + urllib.parse.quote(os.path.abspath(path))
 
 
 def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:

@@ -13,6 +13,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
@@ -142,19 +143,32 @@ class SQLiteDriver:
         finally:
             conn.close()
         self._inode = _inode(path)
-        self._local = ProcessLocal(self._options)
+        self._local = ProcessLocal(replace(self._options, create=False))
         self._waker = Waker(path)
 
     def write(self, fn: Callable[[SQLiteTx], T]) -> T:
         """Run ``fn`` in a durable transaction (grouped with other threads' writes)."""
-        return self._local.committer().run(lambda conn: fn(SQLiteTx(conn, self._clock)))
+        try:
+            return self._local.committer().run(lambda conn: fn(SQLiteTx(conn, self._clock)))
+        except StoreUnavailableError as exc:
+            self._check_file()
+            raise exc from exc.__cause__
 
     def read(self, fn: Callable[[SQLiteTx], T]) -> T:
         """Run ``fn`` on this thread's read connection."""
         try:
             return fn(SQLiteTx(self._local.reader(), self._clock))
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, StoreUnavailableError) as exc:
+            self._check_file()
             raise StoreUnavailableError(f"SQLite read failed: {exc}") from exc
+
+    def _check_file(self) -> None:
+        """Raise :class:`StoreBrokenError` if the file is no longer the one this store opened."""
+        if _inode(self.path) != self._inode:
+            raise StoreBrokenError(
+                f"the SQLite file {self.path!r} was deleted or replaced while in use; "
+                "restart the worker on the current file"
+            )
 
     def adopt(self, connection: Any) -> SQLiteTx:
         """The caller's own open ``sqlite3`` connection to this file, inside its transaction."""
@@ -205,11 +219,7 @@ class SQLiteDriver:
         Also notices a store file that was deleted or replaced under a running worker, which
         would otherwise go on reading the old file and never see a new job.
         """
-        if _inode(self.path) != self._inode:
-            raise StoreBrokenError(
-                f"the SQLite file {self.path!r} was deleted or replaced while in use; "
-                "restart the worker on the current file"
-            )
+        self._check_file()
         self._waker.wait(timeout_s)
 
     def close(self) -> None:

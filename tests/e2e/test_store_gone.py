@@ -1,0 +1,116 @@
+"""A worker whose store became unusable under it stops and says why, instead of polling a file
+nobody writes to or retrying forever."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import textwrap
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from jobguard import App, Context
+from jobguard.backends.base import DeliveryRules
+from jobguard.backends.sqlite import SQLiteBackend
+from jobguard.backends.sqlite.connection import _wrap
+from jobguard.exceptions import StoreBrokenError
+from jobguard.models import Delivery
+from tests.support.procs import clean_env, entry_point, wait_until
+
+TASKS = textwrap.dedent(
+    """
+    from jobguard import App, Context
+
+    app = App("sqlite:///jobs.db")
+
+
+    @app.task
+    def noop(ctx: Context) -> None:
+        pass
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_worker_whose_sqlite_file_is_deleted_or_replaced_stops_with_exit_3(
+    tmp_path: Path, how: str
+) -> None:
+    (tmp_path / "tasks.py").write_text(TASKS)
+    env = clean_env()
+    env["PYTHONPATH"] = str(tmp_path)
+    proc = subprocess.Popen(
+        [*entry_point(), "--app", "tasks:app", "worker"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        assert "on queues" in proc.stderr.readline()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{tmp_path / 'jobs.db'}{suffix}").unlink(missing_ok=True)
+        if how == "replaced":
+            SQLiteBackend(str(tmp_path / "jobs.db")).close()  # a new, empty store at the path
+        code = proc.wait(timeout=30)
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 3, stderr
+    assert "was deleted or replaced while in use" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_read_only_database_is_a_broken_store_not_a_passing_outage() -> None:
+    """SQLite's "readonly" errors are what the worker must not retry forever."""
+    assert isinstance(
+        _wrap(sqlite3.OperationalError("attempt to write a readonly database")), StoreBrokenError
+    )
+    assert not isinstance(_wrap(sqlite3.OperationalError("database is locked")), StoreBrokenError)
+
+
+class TurnsReadOnly(SQLiteBackend):
+    """A real store whose writes fail as a read-only file's do once ``read_only`` is set."""
+
+    read_only = False
+
+    def fetch(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        rules: dict[str, DeliveryRules] | None = None,  # type: ignore[override]
+    ) -> list[Delivery]:
+        if self.read_only:
+            raise _wrap(sqlite3.OperationalError("attempt to write a readonly database"))
+        return super().fetch(queues, limit, worker_id, rules)
+
+
+def test_a_burst_worker_on_a_store_that_turned_read_only_stops_instead_of_looping(
+    tmp_path: Path,
+) -> None:
+    store = TurnsReadOnly(str(tmp_path / "jobs.db"))
+    app = App(backend=store)
+
+    @app.task
+    def slow(ctx: Context) -> None:
+        store.read_only = True  # while this job runs, the file turns read-only
+
+    slow.enqueue()
+    slow.enqueue()
+    worker = app.worker(concurrency=1, prefetch=0, install_signal_handlers=False, grace_s=1.0)
+    runner = threading.Thread(target=worker.run, kwargs={"burst": True}, daemon=True)
+    runner.start()
+    wait_until(lambda: not runner.is_alive(), timeout_s=30)
+    assert isinstance(worker.failure, StoreBrokenError)
+    assert "cannot be written" in str(worker.failure)
+    app.close()
+    os.sync()
