@@ -718,3 +718,26 @@ def test_the_fetching_workers_attempt_limit_decides_when_a_lost_job_is_buried(
     clock.advance(6.0)
     assert backend.fetch(["default"], 1, "w3") == []  # without rules, the stored limit of 1
     assert backend.get_job(job.id).status == JobStatus.DEAD
+
+
+def test_one_finish_the_store_cannot_write_does_not_undo_the_others(backend: Backend) -> None:
+    """A batch of acks with one unstorable value (a lone surrogate in its external reference):
+    the others are acked, the bad one is left running on its lease, and its error names it."""
+    for n in range(3):
+        backend.enqueue(make_spec(operation_key=f"op:{n}"))
+    deliveries = backend.fetch(["default"], 3, "w1")
+    for delivery in deliveries:
+        begin_operation(backend, guard_of(delivery), delivery.operation_key or "", None)
+    first, bad, last = deliveries
+    requests = [
+        FinishRequest(guard_of(d), CLOSING, operation_key=d.operation_key, external_ref=ref)
+        for d, ref in ((first, "ok-1"), (bad, "bad \ud800 ref"), (last, "ok-3"))
+    ]
+    refusals = backend.finish_many(requests)
+    assert refusals[0] is None
+    assert refusals[2] is None
+    assert isinstance(refusals[1], JobGuardError)
+    assert f"job {bad.job_id}" in str(refusals[1])
+    assert backend.get_job(first.job_id).status == JobStatus.COMPLETED
+    assert backend.get_job(last.job_id).status == JobStatus.COMPLETED
+    assert backend.get_job(bad.job_id).status == JobStatus.RUNNING

@@ -359,11 +359,15 @@ class SQLStore:
                     with tx.savepoint():
                         self._finish_one(tx, request, now)
                     refused.append(None)
-                except GuardLost as exc:
+                except (GuardLost, StoreUnavailableError) as exc:
                     refused.append(exc)
-                except StoreUnavailableError as exc:
-                    # One job's unstorable row must not fail the acks of the others.
-                    refused.append(exc)
+                except Exception as exc:
+                    # One job's unstorable row (text the driver cannot encode, say) must not
+                    # fail the acks of the others: its own finish is left to its lease.
+                    job = request.guard.job_id
+                    failed = StoreUnavailableError(f"job {job}: its finish could not be stored: {exc}")
+                    failed.__cause__ = exc
+                    refused.append(failed)
             return refused
 
         return self.driver.write(op)
