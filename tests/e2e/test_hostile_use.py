@@ -193,6 +193,37 @@ def test_a_planted_payload_of_any_shape_goes_to_the_dead_letter_queue_with_the_t
     assert hostile.effects(effects_path, job.id) == []
 
 
+# -- async handlers under a crash -----------------------------------------------------------------
+
+
+def test_an_async_step_survives_a_killed_worker_and_is_not_run_again(
+    happ: App, db_path: Path, effects_path: Path
+) -> None:
+    """A real worker runs an ``async def`` handler on its loop; it is SIGKILLed right after
+    ``await ctx.step_async`` recorded the charge. The next worker takes the job when the lease
+    expires, skips the charge and finishes (G11, G5.1)."""
+    job = happ.enqueue(hostile.ASYNC_CHARGE, {"order_id": 4})
+    env = {hostile.EFFECTS_ENV: str(effects_path)}
+    first = spawn_worker(db_path, "tests.support.hostile_app", env=env)
+    with workers(first):
+        first.wait_ready()
+        assert first.wait(timeout_s=30) == -signal.SIGKILL
+        first.output()
+    second = spawn_worker(db_path, "tests.support.hostile_app", env=env)
+    with workers(second):
+        second.wait_ready()
+        wait_until(lambda: happ.get_job(job.id).status == JobStatus.COMPLETED, timeout_s=30)
+        second.signal(signal.SIGTERM)
+        assert second.wait(timeout_s=30) == 0
+        second.output()
+    assert happ.get_job(job.id).attempts == 2
+    assert hostile.effects(effects_path, job.id) == ["charge"]
+    operation = happ.operation("charge:4")
+    assert operation is not None
+    assert operation.result == {"charge": "ch_4"}
+    assert [a.steps_skipped for a in happ.attempts(job_id=job.id)][-1] == 1
+
+
 # -- the heartbeat never dies silently ----------------------------------------------------------
 
 

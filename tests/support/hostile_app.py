@@ -9,7 +9,9 @@ jobguard's transactions, one commit per effect), so a test can tell how often an
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -28,6 +30,7 @@ BAD_TEXT = "bad_text"
 BAD_REF = "bad_ref"
 NOOP = "noop"
 HOLD_UNTIL_LOST = "hold_until_lost"
+ASYNC_CHARGE = "async_charge"
 UNSTORABLE_MESSAGE = "upstream said \ud800\x00 and hung up"
 UNSTORABLE_REF = "ref-\udc80-1"
 HOLD_LIMIT_S = 20.0
@@ -67,7 +70,14 @@ class MetricsHooks(Hooks):
 def make_app(url: str) -> App:
     """The hostile tasks on the store at ``url``."""
     app = App(url, hooks=MetricsHooks())
+    _register_retry_tasks(app)
+    _register_step_tasks(app)
+    _register_data_tasks(app)
+    _register_worker_tasks(app)
+    return app
 
+
+def _register_retry_tasks(app: App) -> None:
     def outage(ctx: Context, failures: int) -> None:
         count_effect(ctx, f"attempt-{ctx.attempt}")
         if ctx.attempt <= failures:
@@ -82,6 +92,8 @@ def make_app(url: str) -> App:
     def step_without_key(ctx: Context) -> None:
         ctx.step("charge", count_effect, ctx, "charge")
 
+
+def _register_step_tasks(app: App) -> None:
     @app.task(name=STEP_LOOP, operation_key="notify:{batch}", max_attempts=5, backoff_base_s=0.0)
     def step_loop(ctx: Context, batch: int, recipients: list[str]) -> list[str]:
         return [ctx.step("send", count_effect, ctx, f"send-{who}") for who in recipients]
@@ -94,6 +106,21 @@ def make_app(url: str) -> App:
 
         ctx.step("quote", quote)
 
+    @app.task(name=ASYNC_CHARGE, operation_key="charge:{order_id}", visibility_timeout_s=1.0)
+    async def async_charge(ctx: Context, order_id: int) -> dict[str, str]:
+        async def charge() -> dict[str, str]:
+            await asyncio.sleep(0)
+            count_effect(ctx, "charge")
+            return {"charge": f"ch_{order_id}"}
+
+        charged: dict[str, str] = await ctx.step_async("charge", charge)
+        if ctx.attempt == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies after the step was recorded
+        await app.tasks[NOOP].enqueue_async(n=order_id)
+        return charged
+
+
+def _register_data_tasks(app: App) -> None:
     @app.task(name=BAD_TEXT, max_attempts=2, backoff_base_s=0.0)
     def bad_text(ctx: Context) -> None:
         count_effect(ctx, f"attempt-{ctx.attempt}")
@@ -108,6 +135,8 @@ def make_app(url: str) -> App:
     def noop(ctx: Context, n: int = 0, data: object = None) -> None:
         count_effect(ctx, "noop")
 
+
+def _register_worker_tasks(app: App) -> None:
     @app.task(name=HOLD_UNTIL_LOST, visibility_timeout_s=1.0, max_attempts=3)
     def hold_until_lost(ctx: Context) -> None:
         count_effect(ctx, "start")
@@ -115,8 +144,6 @@ def make_app(url: str) -> App:
         while not ctx.lease_lost and time.monotonic() < deadline:
             time.sleep(0.02)
         count_effect(ctx, "lost" if ctx.lease_lost else "timeout")
-
-    return app
 
 
 # For ``jobguard --app tests.support.hostile_app:app``: the store comes from HOSTILE_URL. An App
