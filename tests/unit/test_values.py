@@ -32,7 +32,16 @@ def nested(depth: int) -> Any:
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, 0, -(2**70), 1.5, "t\u00e9xt \U0001f600", [1, [2.0, None]], {"a": {"b": [True]}}],
+    [
+        None,
+        True,
+        0,
+        -(2**70),
+        1.5,
+        "t\u00e9xt \U0001f600 \x00 \ud800",
+        [1, [2.0, None]],
+        {"a": {"b": [True]}},
+    ],
 )
 def test_json_values_of_exact_types_come_back_equal_and_of_the_same_types(value: Any) -> None:
     """What ``inexact_part`` accepts survives dumps/loads unchanged (the step memo's promise)."""
@@ -53,8 +62,6 @@ def test_json_values_of_exact_types_come_back_equal_and_of_the_same_types(value:
         ({"x": math.nan}, "result['x'] is nan, which JSON cannot represent"),
         ({1, 2}, "result is a set"),
         (nested(MAX_NESTING + 1), f"nests deeper than {MAX_NESTING} levels"),
-        (["ok", "a\ud800"], "result[1] holds a NUL or a lone surrogate"),
-        ({"k\x00": 1}, "result has a key holding a NUL"),
     ],
 )
 def test_values_json_would_change_are_named_with_where_they_are(value: Any, problem: str) -> None:

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 # Deep enough for any real document; far from Python's recursion limit in json.dumps/loads.
 MAX_NESTING = 64
 
 _SCALARS = (str, int, float, bool, type(None))
-# NUL and lone surrogates: JSON escapes them, but not every store's JSON type accepts them.
-_UNSTORABLE_CHARS = re.compile("[\x00\ud800-\udfff]")
 
 
 def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
@@ -45,8 +42,6 @@ def _where(path: str) -> str:
 def _scalar_problem(value: Any, path: str) -> str | None:
     if type(value) is float and not math.isfinite(value):
         return f"{path} is {value!r}, which JSON cannot represent"
-    if type(value) is str and _UNSTORABLE_CHARS.search(value):
-        return f"{path} holds a NUL or a lone surrogate, which not every store can hold"
     return None
 
 
@@ -56,8 +51,6 @@ def _key_problem(key: Any, path: str) -> str | None:
             f"{path} has the {type(key).__name__} key {key!r}; JSON keys are text, so it would "
             "come back as a str key"
         )
-    if _UNSTORABLE_CHARS.search(key):
-        return f"{path} has a key holding a NUL or a lone surrogate"
     return None
 
 
@@ -74,8 +67,7 @@ def inexact_part(value: Any, root: str = "result") -> str | None:
     """Why ``value`` would not come back from JSON exactly equal and of the same types, or ``None``.
 
     Only ``dict`` with ``str`` keys, ``list``, ``str``, ``int``, finite ``float``, ``bool`` and
-    ``None`` (of exactly these types, not subclasses) survive the trip unchanged; text must
-    also be storable everywhere (no NUL, no lone surrogate).
+    ``None`` (of exactly these types, not subclasses) survive the trip unchanged.
     """
     stack: list[tuple[Any, str, int]] = [(value, root, 1)]
     while stack:
