@@ -1,7 +1,7 @@
 """``async def`` handlers run on the worker's event loop with all that sync ones have (G11).
 
-In-process workers (``jobguard.testing.drain``) on a real SQLite file; the store, the pipeline,
-the heartbeat and the loop are the real ones.
+In-process workers (``jobguard.testing.drain``) on each backend's store; the store, the
+pipeline, the heartbeat and the loop are the real ones.
 """
 
 from __future__ import annotations
@@ -15,6 +15,15 @@ import pytest
 
 from jobguard import App, ConfigurationError, Context, JobStatus, Retry
 from jobguard.testing import drain
+from tests.support import stores
+
+
+@pytest.fixture
+def app(store_url: str) -> Iterator[App]:
+    """An app on a fresh store of each backend."""
+    application = App(store_url)
+    yield application
+    application.close()
 
 
 def test_async_handlers_are_awaited_on_one_loop_the_worker_owns(app: App) -> None:
@@ -40,7 +49,7 @@ def test_async_handlers_are_awaited_on_one_loop_the_worker_owns(app: App) -> Non
 
 
 def test_async_steps_are_memoised_across_retries_and_db_steps_commit_with_their_record(
-    app: App,
+    app: App, store_url: str
 ) -> None:
     """``await ctx.step_async`` (of a coroutine function) runs once per operation and returns
     its stored value on the retry; ``await ctx.db_step_async`` writes its rows once; async code
@@ -51,9 +60,12 @@ def test_async_steps_are_memoised_across_retries_and_db_steps_commit_with_their_
     def receipt(ctx: Context, order_id: int) -> None:
         calls.append(f"receipt-{order_id}")
 
+    paid = stores.table(store_url, "paid")
+    stores.execute(store_url, [f"CREATE TABLE {paid} (order_id INTEGER UNIQUE)"])
+    insert = stores.dialect_sql(store_url, f"INSERT INTO {paid} VALUES (?)")
+
     def insert_row(conn: Any, order_id: int) -> int:
-        conn.execute("CREATE TABLE IF NOT EXISTS paid (order_id INTEGER UNIQUE)")
-        conn.execute("INSERT INTO paid VALUES (?)", (order_id,))
+        conn.execute(insert, (order_id,))
         return order_id
 
     @app.task(name="pay", operation_key="pay:{order_id}", backoff_base_s=0)
@@ -81,6 +93,7 @@ def test_async_steps_are_memoised_across_retries_and_db_steps_commit_with_their_
     assert set(operation.steps) == {"charge", "record"}
     [attempt_1, attempt_2] = app.attempts(job_id=job.id)
     assert (attempt_1.steps_run, attempt_2.steps_run, attempt_2.steps_skipped) == (2, 0, 2)
+    assert stores.query(store_url, f"SELECT order_id FROM {paid}") == [(9,)]
 
 
 def test_an_async_handler_longer_than_its_lease_keeps_it_through_the_heartbeat(app: App) -> None:

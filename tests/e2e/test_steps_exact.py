@@ -1,17 +1,24 @@
-"""Steps are exact, in process on a real SQLite store (G5): names once per execution, values
+"""Steps are exact, in process on each backend's store (G5): names once per execution, values
 back exactly as first returned, and a database step whose result would change rolls back."""
 
 from __future__ import annotations
 
-import sqlite3
-from contextlib import closing
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from jobguard import App, Context, JobStatus, Retry
 from jobguard.testing import drain
+from tests.support import stores
+
+
+@pytest.fixture
+def app(store_url: str) -> Iterator[App]:
+    """An app on a fresh store of each backend."""
+    application = App(store_url)
+    yield application
+    application.close()
 
 
 def test_a_memoised_value_comes_back_on_a_retry_exactly_as_first_returned(app: App) -> None:
@@ -35,29 +42,28 @@ def test_a_memoised_value_comes_back_on_a_retry_exactly_as_first_returned(app: A
 
 
 def test_a_database_step_whose_result_would_change_rolls_its_rows_back(
-    app: App, db_path: Path
+    app: App, store_url: str
 ) -> None:
     """``ctx.db_step`` returning a dict with int keys: StepError, the transaction rolled back
     (no row, no step record), the job dead after one delivery."""
+    notes = stores.table(store_url, "notes")
+    stores.execute(store_url, [f"CREATE TABLE {notes} (n INTEGER)"])
+    insert = stores.dialect_sql(store_url, f"INSERT INTO {notes} VALUES (?)")
 
     def write(conn: Any, n: int) -> dict[int, str]:
-        conn.execute("CREATE TABLE IF NOT EXISTS notes (n INTEGER)")
-        conn.execute("INSERT INTO notes VALUES (?)", (n,))
+        conn.execute(insert, (n,))
         return {n: "written"}
 
     @app.task(name="note", operation_key="note:{n}")
     def note(ctx: Context, n: int) -> None:
         ctx.db_step("write", write, n)
 
-    with closing(sqlite3.connect(db_path)) as conn, conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS notes (n INTEGER)")
     job = note.enqueue(n=8)
     drain(app)
     final = app.get_job(job.id)
     assert (final.status, final.attempts) == (JobStatus.DEAD, 1)
     assert "has the int key 8; JSON keys are text" in (final.dead_reason or "")
-    with closing(sqlite3.connect(db_path)) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM notes").fetchone() == (0,)
+    assert stores.query(store_url, f"SELECT COUNT(*) FROM {notes}") == [(0,)]
     operation = app.operation("note:8")
     assert operation is not None
     assert operation.steps == {}
