@@ -63,7 +63,7 @@ def _stop_on_signals(runner: Worker) -> None:
 @click.option(
     "--retention-s",
     default=None,
-    type=click.FloatRange(0, max_open=True, max=float("inf")),
+    type=SECONDS,
     help="Delete completed jobs finished longer ago than this (default: keep them).",
 )
 @click.pass_obj
