@@ -19,11 +19,9 @@ from tests.support import stores
 
 
 @pytest.fixture
-def app(store_url: str) -> Iterator[App]:
-    """An app on a fresh store of each backend."""
-    application = App(store_url)
-    yield application
-    application.close()
+def app(store_app: App) -> App:
+    """The tests' app: on a fresh store of each backend."""
+    return store_app
 
 
 def test_async_handlers_are_awaited_on_one_loop_the_worker_owns(app: App) -> None:

@@ -3,7 +3,6 @@ back exactly as first returned, and a database step whose result would change ro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,11 +13,9 @@ from tests.support import stores
 
 
 @pytest.fixture
-def app(store_url: str) -> Iterator[App]:
-    """An app on a fresh store of each backend."""
-    application = App(store_url)
-    yield application
-    application.close()
+def app(store_app: App) -> App:
+    """The tests' app: on a fresh store of each backend."""
+    return store_app
 
 
 def test_a_memoised_value_comes_back_on_a_retry_exactly_as_first_returned(app: App) -> None:
