@@ -19,8 +19,10 @@ from jobguard.exceptions import (
     PayloadError,
     Retry,
     StaleFenceError,
+    StepError,
     StoreUnavailableError,
     UnknownTaskError,
+    WorkerFailedError,
 )
 from jobguard.hooks import Hooks
 from jobguard.models import (
@@ -62,9 +64,11 @@ __all__ = [
     "PayloadError",
     "Retry",
     "StaleFenceError",
+    "StepError",
     "StoreUnavailableError",
     "Task",
     "UnknownTaskError",
     "Worker",
+    "WorkerFailedError",
 ]
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from jobguard.backends import DEFAULT_URL, check_store_url, migrate_store, open_backend
 from jobguard.backends.base import Backend
+from jobguard.core import checks
 from jobguard.core.retry import RetryPolicy
 from jobguard.exceptions import (
     ConfigurationError,
@@ -20,7 +21,7 @@ from jobguard.exceptions import (
 )
 from jobguard.hooks import Hooks
 from jobguard.models import Attempt, DeadJob, Job, JobStatus, LockGrant, Operation
-from jobguard.task import CallOptions, Task, check_queue_name
+from jobguard.task import Task, call_options, check_queue_name
 from jobguard.worker import Worker
 
 if TYPE_CHECKING:
@@ -38,11 +39,12 @@ class DeadLetterQueue:
 
     def list(self, limit: int = 100) -> list[Job]:
         """Dead jobs, most recently buried first."""
+        limit = checks.count("limit", limit)
         return self._app.backend.dead_jobs(limit)
 
     def show(self, job_id: int) -> DeadJob:
         """One dead job with its reason and every attempt's metadata."""
-        job = self._app.backend.get_job(job_id)
+        job = self._app.get_job(job_id)
         if job.status != JobStatus.DEAD:
             raise NotFoundError(f"job {job_id} is {job.status}, not in the dead letter queue")
         return DeadJob(
@@ -56,10 +58,12 @@ class DeadLetterQueue:
 
         Its operation key is kept, so work that completed is not redone (invariant 8).
         """
+        job_id = checks.job_id(job_id)
         return self._app.backend.replay(job_id)
 
     def purge(self, job_id: int | None = None) -> int:
         """Delete one dead job, or all of them, with their attempt rows; return how many."""
+        job_id = None if job_id is None else checks.job_id(job_id)
         return self._app.backend.purge(job_id)
 
 
@@ -84,13 +88,14 @@ class App:
         hooks: Hooks | None = None,
         queue_visibility_timeouts_s: Mapping[str, float] | None = None,
     ) -> None:
-        if max_payload_bytes < 1:
-            raise ConfigurationError("max_payload_bytes must be >= 1")
+        max_payload_bytes = checks.count("max_payload_bytes", max_payload_bytes)
         self.queue_visibility_timeouts_s: dict[str, float] = {}
         for queue, timeout_s in (queue_visibility_timeouts_s or {}).items():
-            if timeout_s <= 0:
-                raise ConfigurationError(f"queue {queue!r}: visibility timeout must be > 0")
-            self.queue_visibility_timeouts_s[check_queue_name(queue)] = float(timeout_s)
+            self.queue_visibility_timeouts_s[check_queue_name(queue)] = checks.seconds(
+                f"queue_visibility_timeouts_s[{queue!r}]", timeout_s, positive=True
+            )
+        if hooks is not None and not isinstance(hooks, Hooks):
+            raise ConfigurationError(f"hooks must be a jobguard.Hooks instance, not {hooks!r}")
         if backend is not None:
             self.url = backend.url  # as the backend shows it (a password masked)
             self._migrate_url: str | None = None
@@ -192,8 +197,11 @@ class App:
             backoff_base_s: Full-jitter exponential backoff base.
             backoff_cap_s: Longest backoff delay.
             fatal: Exception classes never retried (R6.1).
-            transient: If given, only these are retried; anything else is fatal.
-            poison_threshold: Same error signature this many times in a row buries the job (R7.2).
+            transient: Errors declared transient: retried up to ``max_attempts`` and never taken
+                for poison. If given, only these (and ``Retry``) are retried; anything else is
+                fatal. The whole rule: ``docs/concepts.md``, "What is retried".
+            poison_threshold: The same undeclared error signature this many times in a row
+                buries the job (R7.2).
             priority: Default priority; higher runs first within a queue.
             operation_key: Template of the business action's idempotency key, e.g.
                 ``"fulfill-order:{order_id}"`` (R4.1).
@@ -213,11 +221,11 @@ class App:
                     max_attempts=max_attempts,
                     backoff_base_s=backoff_base_s,
                     backoff_cap_s=backoff_cap_s,
-                    fatal=tuple(fatal),
-                    transient=tuple(transient) if transient is not None else None,
+                    fatal=fatal,
+                    transient=transient,
                     poison_threshold=poison_threshold,
                 )
-            except ValueError as exc:
+            except ConfigurationError as exc:
                 raise ConfigurationError(f"task {task_name!r}: {exc}") from exc
             task = Task(
                 self,
@@ -259,16 +267,19 @@ class App:
     def enqueue(self, task_name: str, kwargs: dict[str, Any], **options: Any) -> Job:
         """Enqueue a task by name (as the CLI does); options as in :meth:`Task.options`."""
         task = self.get_task(task_name)
-        return self.backend.enqueue(task.build_spec(kwargs, CallOptions(**options)))
+        spec = task.build_spec(kwargs, call_options(**options))
+        return self.backend.enqueue(spec)
 
     # -- inspection -----------------------------------------------------------------------------
 
     def get_job(self, job_id: int) -> Job:
         """One job by id."""
+        job_id = checks.job_id(job_id)
         return self.backend.get_job(job_id)
 
     def jobs(self, status: JobStatus | str | None = None, limit: int = 100) -> list[Job]:
         """Newest jobs first, optionally of one status."""
+        limit = checks.count("limit", limit)
         return self.backend.list_jobs(JobStatus(status) if status else None, limit)
 
     def counts(self) -> dict[JobStatus, int]:
@@ -281,12 +292,16 @@ class App:
         Keeps jobs whose dedup window is still open and never deletes operation records or
         steps, so a late duplicate is still acked as already processed. Returns how many jobs.
         """
+        older_than_s = checks.seconds("older_than_s", older_than_s)
         return self.backend.prune_completed(older_than_s)
 
     def attempts(
         self, *, job_id: int | None = None, operation_key: str | None = None, limit: int = 1000
     ) -> list[Attempt]:
         """The attempt log (R8.1) of a job, an operation, or the most recent attempts."""
+        if job_id is not None:
+            checks.job_id(job_id)
+        limit = checks.count("limit", limit)
         return self.backend.attempts(job_id=job_id, operation_key=operation_key, limit=limit)
 
     def operation(self, key: str) -> Operation | None:
@@ -304,6 +319,8 @@ class App:
         """
         from jobguard.diagnostics import diagnose, read_snapshot
 
+        since_s = checks.optional_seconds("since_s", since_s, positive=True)
+        limit = checks.count("limit", limit)
         return diagnose(read_snapshot(self.backend, task=task, since_s=since_s, limit=limit))
 
     # -- running --------------------------------------------------------------------------------
@@ -324,8 +341,7 @@ class App:
         tried again.
         The grant's ``fence`` is strictly larger than any fence issued before for ``resource``.
         """
-        if ttl_s <= 0:
-            raise ConfigurationError("ttl_s must be > 0")
+        ttl_s = checks.seconds("ttl_s", ttl_s, positive=True)
         owner = f"lock/{secrets.token_hex(8)}"
         grant = self.backend.acquire_lock(resource, owner, ttl_s)
         if grant is None:

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from jobguard.core.jsonvalues import inexact_part
 from jobguard.core.keys import idempotency_key
-from jobguard.exceptions import ConfigurationError
+from jobguard.core.text import storable
+from jobguard.exceptions import ConfigurationError, StepError
 
 if TYPE_CHECKING:
     from jobguard.backends.base import Backend, Begun
     from jobguard.models import Delivery, Guard
 
 T = TypeVar("T")
+
+MAX_STEP_NAME = 200
+STEP_NAMING = (
+    "each step of one execution needs its own name; in a loop, put what varies into it, "
+    'e.g. ctx.step(f"send-{recipient_id}", send, recipient_id)'
+)
 
 
 class InFlight:
@@ -32,6 +42,9 @@ class InFlight:
         self.lost_reason = ""
         self.started = False  # taken by a handler thread: shutdown waits for it, not releases it
         self.finishing = False  # handler done; its finish waits in the worker's ack batch
+        # The pipeline is writing how the delivery ends: a refusal of that write reports a lost
+        # lease; the heartbeat, which may renew a job just finished, does not.
+        self.closing = False
         self.begun: Begun | None = None
         self.context: Context | None = None
         # When the lease was last known to be ours (monotonic): fetched, or renewed.
@@ -84,6 +97,7 @@ class Context:
         self.fence: int | None = lock.fence if lock else None
         self.lock_owner: str | None = lock.owner if lock else None
         self.external_ref: str | None = None
+        self._used_steps: set[str] = set()
         self.steps_run = 0
         self.steps_skipped = 0
 
@@ -98,8 +112,13 @@ class Context:
         return idempotency_key(base, name)
 
     def set_external_ref(self, ref: str) -> None:
-        """Store the external system's reference on the operation record at completion (R4.2)."""
-        self.external_ref = ref
+        """Store the external system's reference on the operation record at completion (G4.2).
+
+        Text the store cannot hold (lone surrogates, NUL) is replaced by U+FFFD.
+        """
+        if not isinstance(ref, str):
+            raise ConfigurationError(f"ctx.set_external_ref() takes text, not {ref!r}")
+        self.external_ref = storable(ref)
 
     def _operation(self, what: str) -> str:
         if self.operation_key is None:
@@ -109,35 +128,104 @@ class Context:
             )
         return self.operation_key
 
-    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(*args, **kwargs)`` once per operation; on retries return its stored result.
+    def _claim_step(self, what: str, name: str) -> tuple[str, bool]:
+        """Check ``name`` for this execution; return the operation key and whether it is done.
 
-        The result must be JSON-serialisable. A step that raises is not recorded as done.
-        Refused with :class:`~jobguard.exceptions.GuardLost` if this delivery is stale.
+        A name used twice in one execution is refused (:class:`StepError`): the second call
+        would silently get the first call's result. On a retry, a name done before is done.
         """
-        key = self._operation("step")
-        if name in self._steps:
-            self.steps_skipped += 1
-            stored: T = self._steps[name]
-            return stored
-        value = fn(*args, **kwargs)
+        key = self._operation(what)
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > MAX_STEP_NAME
+            or storable(name) != name  # a name the store refuses would rerun the step forever
+        ):
+            raise StepError(
+                f"ctx.{what}() name must be non-empty text of at most {MAX_STEP_NAME} "
+                f"characters, without NUL or lone surrogates, not {name!r}"
+            )
+        if name in self._used_steps:
+            raise StepError(
+                f"step name {name!r} was already used in this execution of job {self.job_id}; "
+                + STEP_NAMING
+            )
+        self._used_steps.add(name)
+        return key, name in self._steps
+
+    def _memoised(self, name: str) -> Any:
+        self.steps_skipped += 1
+        return self._steps[name]
+
+    def _checked(self, what: str, name: str, value: T) -> T:
+        """Refuse a result that would come back different on a retry (before it is recorded)."""
+        problem = inexact_part(value)
+        if problem is not None:
+            raise StepError(
+                f"ctx.{what}({name!r}) returned a value that would not come back unchanged on "
+                f"a retry: {problem}. Return JSON types only (convert before returning). The "
+                "step was not recorded, so the job is buried: every rerun would repeat it"
+            )
+        return value
+
+    def _recorded(self, key: str, name: str, value: T) -> T:
         self._backend.put_step(self._inflight.guard, key, name, json.dumps(value))
         self._steps[name] = value
         self.steps_run += 1
         return value
 
+    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` once per operation; on retries return its stored result.
+
+        Each name may be used once per execution (:class:`~jobguard.exceptions.StepError`
+        otherwise). The result must come back from JSON unchanged — dict with str keys, list,
+        str, int, finite float, bool, None — and is returned exactly so on a retry; anything
+        else is refused before the step is recorded. A step that raises is not recorded as done.
+        Refused with :class:`~jobguard.exceptions.GuardLost` if this delivery is stale.
+        """
+        key, done = self._claim_step("step", name)
+        if done:
+            stored: T = self._memoised(name)
+            return stored
+        value = self._checked("step", name, fn(*args, **kwargs))
+        return self._recorded(key, name, value)
+
+    async def step_async(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """:meth:`step` for async code: ``fn`` may be an ``async def`` (it is awaited).
+
+        The store write runs on a thread, so the event loop is never blocked by it.
+        """
+        key, done = self._claim_step("step_async", name)
+        if done:
+            return self._memoised(name)
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        value = self._checked("step_async", name, result)
+        return await asyncio.to_thread(self._recorded, key, name, value)
+
     def db_step(self, name: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` in one transaction with the step record (invariant 10).
+        """Run ``fn(conn, *args)`` in one transaction with the step record (guarantee G5.2).
 
         ``conn`` offers ``execute``/``executemany`` on the app's own database; business rows
         written there commit if and only if the step record commits, exactly once per operation.
+        Names and results follow the rules of :meth:`step`; a result that would not come back
+        unchanged rolls the transaction back, so its rows are not written either.
         """
-        key = self._operation("db_step")
-        if name in self._steps:
-            self.steps_skipped += 1
-            stored: T = self._steps[name]
+        key, done = self._claim_step("db_step", name)
+        if done:
+            stored: T = self._memoised(name)
             return stored
-        ran, value = self._backend.db_step(self._inflight.guard, key, name, fn, args)
+        if inspect.iscoroutinefunction(fn):
+            raise StepError(
+                f"ctx.db_step({name!r}) runs fn inside the store's transaction on a thread: "
+                "it must be a plain function, not an async def"
+            )
+
+        def checked(conn: Any, *fn_args: Any) -> T:
+            return self._checked("db_step", name, fn(conn, *fn_args))
+
+        ran, value = self._backend.db_step(self._inflight.guard, key, name, checked, args)
         self._steps[name] = value
         if ran:
             self.steps_run += 1
@@ -145,3 +233,7 @@ class Context:
             self.steps_skipped += 1
         result: T = value
         return result
+
+    async def db_step_async(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`db_step` for async code: the transaction runs on a thread, off the loop."""
+        return await asyncio.to_thread(self.db_step, name, fn, *args)

@@ -4,7 +4,8 @@
 
     JobGuardError
     ├── ConfigurationError          bad task options, bad URL, unknown backend
-    │   └── SchemaVersionError      the store's schema is not the version this jobguard knows
+    │   ├── SchemaVersionError      the store's schema is not the version this jobguard knows
+    │   └── StepError               a step misused: a name reused, a result JSON cannot give back
     ├── EnqueueError                a job was refused at the door; nothing was stored
     │   ├── PayloadError            not JSON, too large, not a mapping
     │   ├── KeyTemplateError        an operation/resource key template that cannot be built stably
@@ -18,6 +19,7 @@
     │   ├── LeaseLostError          the lease token is stale (redelivered, released, finished)
     │   └── StaleFenceError         a newer lock holder exists (its fencing token is older)
     ├── LockBusyError               the resource lock is held by a live owner
+    ├── WorkerFailedError           the worker stopped because it could not keep its leases
     └── HandlerDecision             raised by a handler to state what should happen next
         ├── Retry                   retry later (optionally after ``delay_s``)
         └── Fatal                   do not retry; move the job to the dead letter queue
@@ -39,6 +41,12 @@ class ConfigurationError(JobGuardError):
 
 class SchemaVersionError(ConfigurationError):
     """The store's schema is older or newer than this jobguard; the message says what to run."""
+
+
+class StepError(ConfigurationError):
+    """A step was misused: its name reused in one execution, or a result that would not come
+    back exactly on a retry. Raised in the handler; the job is buried at once (every rerun would
+    repeat it)."""
 
 
 class EnqueueError(JobGuardError):
@@ -104,6 +112,10 @@ class LockBusyError(JobGuardError):
         self.resource = resource
 
 
+class WorkerFailedError(JobGuardError):
+    """The worker stopped taking work because a part it relies on (the heartbeat) failed."""
+
+
 class HandlerDecision(JobGuardError):
     """Base for exceptions a handler raises to decide the job's next step explicitly."""
 
@@ -117,10 +129,12 @@ class Retry(HandlerDecision):
     """
 
     def __init__(self, reason: str = "retry requested", *, delay_s: float | None = None) -> None:
+        from jobguard.core.checks import optional_seconds  # the checks raise errors defined here
+
         super().__init__(reason)
-        if delay_s is not None and delay_s < 0:
-            raise ValueError("delay_s must be >= 0")
-        self.delay_s = delay_s
+        # A bad delay raised in a handler is a ConfigurationError: the job is buried at once,
+        # saying why, instead of being stranded until its lease expires.
+        self.delay_s = optional_seconds("Retry(delay_s=...)", delay_s)
 
 
 class Fatal(HandlerDecision):

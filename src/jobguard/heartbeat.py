@@ -1,4 +1,9 @@
-"""The heartbeat: extends every in-flight lease and lock while the worker lives (R2.2, R3.3)."""
+"""The heartbeat: extends every in-flight lease and lock while the worker lives (G2.2, G3.3).
+
+A store error is expected (the store may hiccup): it is reported and the next beat tries again.
+Anything else means the heartbeat cannot do its job; it never dies silently: it hands the error
+to ``on_failure`` (the worker then stops taking work and says why) and stops.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from jobguard.hooks import Hooks
 
 MIN_INTERVAL_S = 0.05
 IDLE_INTERVAL_S = 1.0
+MAX_INTERVAL_S = 60.0
 
 
 def renewal_interval_s(inflight: list[InFlight]) -> float:
@@ -25,19 +31,25 @@ def renewal_interval_s(inflight: list[InFlight]) -> float:
     ]
     if not periods:
         return IDLE_INTERVAL_S
-    return max(MIN_INTERVAL_S, min(periods) / 3.0)
+    # Bounded both ways: a planted row's absurd timeout must not stall or spin the heartbeat.
+    return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, min(periods) / 3.0))
 
 
 class Heartbeat(threading.Thread):
     """Background thread renewing what ``snapshot()`` returns until ``stop()``."""
 
     def __init__(
-        self, backend: Backend, snapshot: Callable[[], list[InFlight]], hooks: Hooks
+        self,
+        backend: Backend,
+        snapshot: Callable[[], list[InFlight]],
+        hooks: Hooks,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         super().__init__(name="jobguard-heartbeat", daemon=True)
         self._backend = backend
         self._snapshot = snapshot
         self._hooks = hooks
+        self._on_failure = on_failure
         self._stopped = threading.Event()
         self._wake = threading.Event()
 
@@ -51,14 +63,19 @@ class Heartbeat(threading.Thread):
         self._wake.set()
 
     def run(self) -> None:
-        """Beat until stopped."""
-        while not self._stopped.is_set():
-            current = self._snapshot()
-            self._wake.wait(renewal_interval_s(current))
-            self._wake.clear()
-            if self._stopped.is_set():
-                return
-            self.beat()
+        """Beat until stopped; on an unexpected error, report it to ``on_failure`` and stop."""
+        try:
+            while not self._stopped.is_set():
+                current = self._snapshot()
+                self._wake.wait(renewal_interval_s(current))
+                self._wake.clear()
+                if self._stopped.is_set():
+                    return
+                self.beat()
+        except Exception as exc:
+            if self._on_failure is None:
+                raise
+            self._on_failure(exc)
 
     def beat(self) -> None:
         """Renew everything in flight once; mark the lost ones."""
@@ -79,6 +96,8 @@ class Heartbeat(threading.Thread):
         for item in current:
             item.renewed_at = beat_at
         for item, result in zip(current, results, strict=True):
+            if item.closing:
+                continue  # its own final write is the judge (it may have just finished the job)
             if not result.lease_ok:
                 reason = "lease expired and was taken over"
             elif not result.lock_ok:

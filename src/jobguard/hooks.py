@@ -24,5 +24,8 @@ class Hooks:
     def lease_lost(self, delivery: Delivery, reason: str) -> None:
         """The heartbeat found a lease or lock no longer ours."""
 
+    def worker_failed(self, worker_id: str, reason: str) -> None:
+        """The worker stopped taking work because a part it relies on failed (the heartbeat)."""
+
     def store_error(self, where: str, error: BaseException) -> None:
         """A store call failed (the worker keeps going and retries)."""

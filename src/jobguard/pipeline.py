@@ -16,12 +16,13 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import random
 import secrets
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -35,13 +36,17 @@ from jobguard.backends.base import (
 )
 from jobguard.context import Context, InFlight
 from jobguard.core import messages
+from jobguard.core.jsonvalues import MAX_NESTING, decode_object, too_deep
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
+from jobguard.core.text import MAX_TRACEBACK_CHARS, describe, storable
 from jobguard.exceptions import Fatal, GuardLost, LeaseLostError, StaleFenceError
 from jobguard.models import DeadCode, Delivery, Guard, OperationStatus, Outcome
 
 if TYPE_CHECKING:
     from jobguard.hooks import Hooks
     from jobguard.task import Task
+
+RunAsync = Callable[[Coroutine[Any, Any, Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +87,15 @@ class Pipeline:
         worker_id: str,
         hooks: Hooks,
         rng: random.Random | None = None,
+        run_async: RunAsync | None = None,
     ) -> None:
         self.backend = backend
         self.tasks = tasks
         self.worker_id = worker_id
         self.hooks = hooks
         self.rng = rng or random.Random()
+        # Where coroutines of async handlers run: the worker's event loop thread.
+        self.run_async = run_async
 
     def run(self, inflight: InFlight) -> Settled:
         """Run the delivery up to its finish, which is returned as ``Settled.ack`` (not written).
@@ -99,7 +107,9 @@ class Pipeline:
         try:
             settled = self._run(inflight, started)
         except GuardLost as exc:
-            settled = self._refused(inflight, exc, self._closing(started, inflight.context))
+            settled = self._refused(
+                inflight, exc, self._closing(inflight, started, inflight.context)
+            )
         if settled.ack is None:
             self.hooks.delivery_settled(
                 inflight.delivery, settled.outcome, time.monotonic() - started
@@ -164,7 +174,10 @@ class Pipeline:
             inflight.begun = begun
             _hold(inflight, begun, request)
 
-    def _closing(self, started: float, ctx: Context | None = None) -> Closing:
+    def _closing(self, inflight: InFlight, started: float, ctx: Context | None = None) -> Closing:
+        """How the delivery ends, for its final write; from now on a lost lease is reported by
+        that write's refusal, not by the heartbeat (which may see a job finished under it)."""
+        inflight.closing = True
         duration = time.monotonic() - started
         if ctx is None:
             return Closing(duration)
@@ -177,19 +190,18 @@ class Pipeline:
         started: float,
         code: DeadCode = DeadCode.UNRUNNABLE,
     ) -> Settled:
+        reason = storable(reason)
         error = ErrorInfo(type="Unrunnable", message=reason)
         self.backend.bury(
-            inflight.guard, self._closing(started), code=code, reason=reason, error=error
+            inflight.guard, self._closing(inflight, started), code=code, reason=reason, error=error
         )
         return Settled(Outcome.DEAD, reason)
 
     def _arguments(self, delivery: Delivery, task: Task) -> dict[str, Any] | str:
-        try:
-            arguments = json.loads(delivery.payload)
-        except ValueError as exc:
-            return f"payload is not valid JSON: {exc}"
-        if not isinstance(arguments, dict):
-            return f"payload is not a JSON object but {type(arguments).__name__}"
+        """The job's arguments, or why they cannot be (whatever shape the stored payload has)."""
+        arguments = decode_object(delivery.payload)
+        if isinstance(arguments, str):
+            return arguments
         try:
             task.signature.bind(None, **arguments)
         except TypeError as exc:
@@ -221,7 +233,9 @@ class Pipeline:
             operation = begun.operation
             if operation is not None and operation.status == OperationStatus.COMPLETED:
                 ack = FinishRequest(
-                    inflight.guard, self._closing(started), outcome=Outcome.ALREADY_PROCESSED
+                    inflight.guard,
+                    self._closing(inflight, started),
+                    outcome=Outcome.ALREADY_PROCESSED,
                 )
                 return Settled(Outcome.ALREADY_PROCESSED, "already processed", ack=ack)
             if operation is not None:
@@ -246,25 +260,37 @@ class Pipeline:
         )
         inflight.context = ctx
         try:
-            value = task.fn(ctx, **arguments)
+            value = self._call(task, ctx, arguments)
         except GuardLost:
             raise
         except Exception as exc:
             return self._failed(inflight, task, ctx, exc, started)
         try:
-            result_json = json.dumps(value) if value is not None else None
+            if too_deep(value):
+                raise ValueError(f"it nests deeper than {MAX_NESTING} levels")
+            result_json = json.dumps(value, allow_nan=False) if value is not None else None
         except (TypeError, ValueError) as exc:
             # A programming error that every rerun repeats: never retry it (its steps are kept).
             unjsonable = Fatal(f"the handler returned a value that is not JSON: {exc}")
             return self._failed(inflight, task, ctx, unjsonable, started)
         ack = FinishRequest(
             inflight.guard,
-            self._closing(started, ctx),
+            self._closing(inflight, started, ctx),
             operation_key=inflight.delivery.operation_key,
             result_json=result_json,
             external_ref=ctx.external_ref,
         )
         return Settled(Outcome.COMPLETED, ack=ack)
+
+    def _call(self, task: Task, ctx: Context, arguments: dict[str, Any]) -> Any:
+        """Run the handler; a coroutine (an async handler's) is awaited on the worker's loop."""
+        value = task.fn(ctx, **arguments)
+        if inspect.iscoroutine(value):
+            if self.run_async is None:
+                value.close()
+                raise Fatal("this pipeline has no event loop to run an async handler on")
+            value = self.run_async(value)
+        return value
 
     def _defer(self, inflight: InFlight, task: Task, started: float, reason: str) -> Settled:
         delivery = inflight.delivery
@@ -277,7 +303,9 @@ class Pipeline:
                 DeadCode.WAITED,
             )
         delay = deferral_delay_s(delivery.deferrals, self.rng)
-        self.backend.defer(inflight.guard, self._closing(started), delay_s=delay, reason=reason)
+        self.backend.defer(
+            inflight.guard, self._closing(inflight, started), delay_s=delay, reason=reason
+        )
         return Settled(Outcome.DEFERRED, reason)
 
     def _failed(
@@ -294,13 +322,13 @@ class Pipeline:
             rng=self.rng,
         )
         error = ErrorInfo(
-            type=type(exc).__name__,
-            message=str(exc),
-            traceback="".join(traceback.format_exception(exc)),
+            type=storable(type(exc).__name__),
+            message=describe(exc),
+            traceback=_traceback_text(exc),
             signature=signature,
             same_count=same,
         )
-        closing = self._closing(started, ctx)
+        closing = self._closing(inflight, started, ctx)
         if decision.verdict is Verdict.RETRY:
             self.backend.retry(
                 inflight.guard,
@@ -322,16 +350,28 @@ class Pipeline:
 
     def _refused(self, inflight: InFlight, exc: GuardLost, closing: Closing) -> Settled:
         """A write was refused: this delivery is stale. Record it; never ack."""
+        reason = describe(exc)
         if isinstance(exc, StaleFenceError):
             # The lease may still be ours (only the lock was lost): hand the job back uncharged
             # so it runs again under a fresh lock; the stale work is discarded.
             with contextlib.suppress(LeaseLostError):
                 self.backend.defer(
-                    inflight.guard, closing, delay_s=deferral_delay_s(0, self.rng), reason=str(exc)
+                    inflight.guard, closing, delay_s=deferral_delay_s(0, self.rng), reason=reason
                 )
             outcome = Outcome.FENCE_REFUSED
         else:
             outcome = Outcome.LEASE_REFUSED
-        inflight.mark_lost(str(exc))
-        self.backend.record_refusal(inflight.guard, outcome, closing, str(exc))
-        return Settled(outcome, str(exc))
+        inflight.mark_lost(reason)
+        self.backend.record_refusal(inflight.guard, outcome, closing, reason)
+        return Settled(outcome, reason)
+
+
+def _traceback_text(exc: BaseException) -> str:
+    """The formatted traceback, made storable (bounded; a hostile ``__str__`` cannot break it)."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception as error:  # formatting calls user code (__str__, __repr__ of notes)
+        text = f"traceback unavailable: formatting it raised {type(error).__name__}"
+    if len(text) > MAX_TRACEBACK_CHARS:  # the end holds the error itself: keep that part
+        text = "[traceback cut]\n" + text[-MAX_TRACEBACK_CHARS:]
+    return storable(text, MAX_TRACEBACK_CHARS + 100)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jobguard.core import checks
+from jobguard.core.jsonvalues import MAX_NESTING, too_deep
 from jobguard.core.keys import check_key, render_key, template_fields
 from jobguard.core.retry import RetryPolicy
 from jobguard.exceptions import ConfigurationError, PayloadError
@@ -51,7 +54,13 @@ def check_queue_name(queue: str) -> str:
 
 
 def encode_payload(arguments: Mapping[str, Any], max_bytes: int) -> str:
-    """Encode job arguments as canonical JSON (sorted keys), refusing non-JSON and oversize."""
+    """Encode job arguments as canonical JSON (sorted keys), refusing non-JSON and oversize.
+
+    Nesting is bounded (:data:`~jobguard.core.jsonvalues.MAX_NESTING` levels), so no payload
+    that passes here makes a worker's JSON decoder run out of stack.
+    """
+    if too_deep(dict(arguments)):
+        raise PayloadError(f"job arguments nest deeper than {MAX_NESTING} levels of lists/objects")
     try:
         text = json.dumps(dict(arguments), sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -75,7 +84,7 @@ def _key(
 
 @dataclass(frozen=True, slots=True)
 class CallOptions:
-    """Per-call enqueue options; see :meth:`Task.options`."""
+    """Per-call enqueue options; see :meth:`Task.options`. Numbers are checked when made."""
 
     dedup_key: str | None = None
     dedup_window_s: float | None = None
@@ -84,6 +93,45 @@ class CallOptions:
     queue: str | None = None
     operation_key: str | None = None
     resource_key: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse NaN, infinity, negative, out-of-range and non-numeric values, naming them."""
+        set_field = object.__setattr__  # frozen: normalise in place once, here
+        set_field(self, "delay_s", checks.seconds("delay_s", self.delay_s))
+        set_field(
+            self, "dedup_window_s", checks.optional_seconds("dedup_window_s", self.dedup_window_s)
+        )
+        if self.priority is not None:
+            set_field(self, "priority", checks.priority("priority", self.priority))
+
+
+def call_options(**options: Any) -> CallOptions:
+    """:class:`CallOptions` from keyword options, naming any option that does not exist."""
+    known = {f.name for f in fields(CallOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown enqueue option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+    return CallOptions(**options)
+
+
+def check_handler(name: str, fn: Callable[..., Any]) -> bool:
+    """Refuse handlers that cannot work; return whether ``fn`` is a coroutine function.
+
+    A generator (sync or async) would return an iterator without running its body, and a class
+    or other non-function would be instantiated, not run: both are refused with the reason.
+    """
+    if not callable(fn) or isinstance(fn, type):
+        raise ConfigurationError(f"task {name!r}: the handler must be a function, not {fn!r}")
+    call = fn if inspect.isroutine(fn) else getattr(fn, "__call__", fn)  # noqa: B004
+    if inspect.isgeneratorfunction(call) or inspect.isasyncgenfunction(call):
+        raise ConfigurationError(
+            f"task {name!r}: the handler is a generator function; calling it only creates an "
+            "iterator and runs none of its body. Return a value instead of yielding it "
+            "(a plain def or an async def)"
+        )
+    return inspect.iscoroutinefunction(call)
 
 
 class Task:
@@ -108,27 +156,27 @@ class Task:
         max_defer_s: float,
         dedup_window_s: float,
     ) -> None:
-        if not TASK_NAME.fullmatch(name):
+        if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
             raise ConfigurationError(f"task name {name!r} is not valid")
-        if (visibility_timeout_s is not None and visibility_timeout_s <= 0) or lock_ttl_s <= 0:
-            raise ConfigurationError("visibility_timeout_s and lock_ttl_s must be > 0")
-        if max_defer_s < 0 or dedup_window_s < 0:
-            raise ConfigurationError("max_defer_s and dedup_window_s must be >= 0")
+        self.is_async = check_handler(name, fn)
         self.app = app
         self.fn = fn
         self.name = name
         self.queue = check_queue_name(queue)
-        self.visibility_timeout_s = (
-            float(visibility_timeout_s) if visibility_timeout_s is not None else None
+        self.visibility_timeout_s = checks.optional_seconds(
+            "visibility_timeout_s", visibility_timeout_s, positive=True
         )
         self.policy = policy
-        self.priority = priority
+        self.priority = checks.priority("priority", priority)
         self.operation_key = operation_key
         self.resource_key = resource_key
-        self.lock_ttl_s = float(lock_ttl_s)
-        self.max_defer_s = float(max_defer_s)
-        self.dedup_window_s = float(dedup_window_s)
-        self.signature = inspect.signature(fn)
+        self.lock_ttl_s = checks.seconds("lock_ttl_s", lock_ttl_s, positive=True)
+        self.max_defer_s = checks.seconds("max_defer_s", max_defer_s)
+        self.dedup_window_s = checks.seconds("dedup_window_s", dedup_window_s)
+        try:
+            self.signature = inspect.signature(fn)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"task {name!r}: cannot read the handler's signature") from exc
         params = list(self.signature.parameters)
         if not params:
             raise ConfigurationError(
@@ -143,9 +191,11 @@ class Task:
         accepts_any = any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in self.signature.parameters.values()
         )
-        for template in (operation_key, resource_key):
+        for what, template in (("operation_key", operation_key), ("resource_key", resource_key)):
             if template is None:
                 continue
+            if not isinstance(template, str):
+                raise ConfigurationError(f"task {name!r}: {what} must be a template string")
             for field in template_fields(template):
                 if field not in argument_names and not accepts_any:
                     raise ConfigurationError(
@@ -205,9 +255,12 @@ class Task:
         connection on PostgreSQL, a ``sqlite3`` connection to the store's file on SQLite) the
         job is written in your transaction: it exists if and only if your transaction commits.
         """
-        return self.app.backend.enqueue(
-            self.build_spec(kwargs, CallOptions()), connection=connection
-        )
+        spec = self.build_spec(kwargs, CallOptions())  # refused before the store is opened
+        return self.app.backend.enqueue(spec, connection=connection)
+
+    async def enqueue_async(self, /, **kwargs: Any) -> Job:
+        """:meth:`enqueue` from async code: the store call runs on a thread, not the loop."""
+        return await asyncio.to_thread(self.enqueue, **kwargs)
 
     def enqueue_many(
         self, arguments: Iterable[Mapping[str, Any]], *, connection: Any = None
@@ -228,16 +281,12 @@ class Task:
                 f"task {self.name!r}: arguments do not match the handler: {exc}"
             ) from exc
         payload = encode_payload(kwargs, self.app.max_payload_bytes)
-        if options.delay_s < 0:
-            raise ConfigurationError("delay_s must be >= 0")
         operation_key = _key("operation_key", options.operation_key, self.operation_key, kwargs)
         resource_key = _key("resource_key", options.resource_key, self.resource_key, kwargs)
         dedup_key = (
             check_key(options.dedup_key, "dedup_key") if options.dedup_key is not None else None
         )
         window = self.dedup_window_s if options.dedup_window_s is None else options.dedup_window_s
-        if window < 0:
-            raise ConfigurationError("dedup_window_s must be >= 0")
         # `is None`, not `or`: an explicit empty name must be refused, not defaulted.
         queue = check_queue_name(self.queue if options.queue is None else options.queue)
         return JobSpec(
@@ -266,10 +315,15 @@ class BoundCall:
 
     def options(self, **changes: Any) -> BoundCall:
         """Change some options further."""
-        return BoundCall(self.task, replace(self.call_options, **changes))
+        current = {f.name: getattr(self.call_options, f.name) for f in fields(CallOptions)}
+        return BoundCall(self.task, call_options(**{**current, **changes}))
 
     def enqueue(self, /, *, connection: Any = None, **kwargs: Any) -> Job:
         """Schedule the task with these arguments and the bound options (see
         :meth:`Task.enqueue` for ``connection``)."""
         spec = self.task.build_spec(kwargs, self.call_options)
         return self.task.app.backend.enqueue(spec, connection=connection)
+
+    async def enqueue_async(self, /, **kwargs: Any) -> Job:
+        """:meth:`enqueue` from async code: the store call runs on a thread, not the loop."""
+        return await asyncio.to_thread(self.enqueue, **kwargs)

@@ -7,7 +7,12 @@ jobs), and the heartbeat thread extends every lease held, buffered and unacked o
 
 On SIGTERM or SIGINT (or :meth:`Worker.stop`): no new fetches; buffered jobs are released at
 once; running jobs get ``grace_s`` to finish; what still runs then is released without charging
-an attempt (invariant 9) and its late writes are refused.
+an attempt (G9) and its late writes are refused.
+
+``async def`` handlers run on one event loop the worker owns (:mod:`jobguard.aio`), submitted by
+the handler threads. If the heartbeat fails in a way it cannot recover from, or the store turns
+out to be unusable (read-only, its file replaced), the worker stops taking work, shuts down as
+on SIGTERM, and :attr:`Worker.failure` says why once :meth:`Worker.run` returns.
 """
 
 from __future__ import annotations
@@ -25,10 +30,17 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
+from jobguard.aio import EventLoopThread
 from jobguard.backends.base import DeliveryRules
 from jobguard.context import InFlight
+from jobguard.core import checks
 from jobguard.core.retry import full_jitter_s
-from jobguard.exceptions import ConfigurationError, JobGuardError, StoreBrokenError
+from jobguard.exceptions import (
+    ConfigurationError,
+    JobGuardError,
+    StoreBrokenError,
+    WorkerFailedError,
+)
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Delivery, Outcome
 from jobguard.pipeline import Pipeline, Settled, guard_of
@@ -69,6 +81,8 @@ ACK_BATCH_MAX = 512
 RECONNECT_CAP_S = 5.0
 PRUNE_EVERY_MIN_S = 0.1
 PRUNE_EVERY_MAX_S = 60.0
+MAX_CONCURRENCY = 512
+MAX_PREFETCH = 4096
 
 
 @dataclass
@@ -122,21 +136,21 @@ class Worker:
         install_signal_handlers: bool = True,
         retention_s: float | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise ConfigurationError("concurrency must be >= 1")
-        if retention_s is not None and not (0 <= retention_s < float("inf")):
-            raise ConfigurationError(
-                f"retention_s must be a number of seconds >= 0 (or None), not {retention_s!r}"
-            )
-        self.retention_s = retention_s
+        self.concurrency = checks.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        self.prefetch = (
+            concurrency
+            if prefetch is None
+            else checks.integer("prefetch", prefetch, 0, MAX_PREFETCH)
+        )
+        self.grace_s = checks.seconds("grace_s", grace_s)
+        self.poll_interval_s = checks.seconds("poll_interval_s", poll_interval_s, positive=True)
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id.strip()):
+            raise ConfigurationError(f"worker_id must be non-empty text, not {worker_id!r}")
+        self.retention_s = checks.optional_seconds("retention_s", retention_s)
         self.app = app
         self.queues = [check_queue_name(q) for q in (queues or app.queues())]
         if not self.queues:
             raise ConfigurationError("the worker has no queue to fetch from")
-        self.concurrency = concurrency
-        self.prefetch = concurrency if prefetch is None else max(0, prefetch)
-        self.grace_s = grace_s
-        self.poll_interval_s = poll_interval_s
         self.worker_id = worker_id or default_worker_id()
         self.use_heartbeat = heartbeat
         self.install_signal_handlers = install_signal_handlers
@@ -150,15 +164,21 @@ class Worker:
         self._finishing = 0
         self._acker = threading.Thread(target=self._ack_loop, name="jobguard-acker", daemon=True)
         self._stopping = threading.Event()
-        self._pipeline = Pipeline(app.backend, app.tasks, self.worker_id, app.hooks)
+        self._loop = EventLoopThread()
+        self._pipeline = Pipeline(
+            app.backend, app.tasks, self.worker_id, app.hooks, run_async=self._loop.run
+        )
         # This worker's own task definitions decide each delivery's lease and attempt limit.
         self._rules = {
             name: DeliveryRules(task.visibility_timeout_s, task.policy.max_attempts)
             for name, task in app.tasks.items()
         }
-        self.failure: StoreBrokenError | None = None
+        # Why the worker stopped taking work on its own, if it did (read it after run()).
+        self.failure: StoreBrokenError | WorkerFailedError | None = None
         self._rng = random.Random()
-        self._heartbeat = Heartbeat(app.backend, self._snapshot, app.hooks)
+        self._heartbeat = Heartbeat(
+            app.backend, self._snapshot, app.hooks, on_failure=self._heartbeat_failed
+        )
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -169,7 +189,12 @@ class Worker:
             self._slot_freed.notify_all()
 
     def run(self, burst: bool = False) -> WorkerStats:
-        """Work until stopped; with ``burst=True`` return once nothing is ready or running."""
+        """Work until stopped; with ``burst=True`` return once nothing is ready or running.
+
+        If the worker stopped on its own (its heartbeat failed, or the store became unusable),
+        :attr:`failure` holds why: a :class:`~jobguard.exceptions.WorkerFailedError` or a
+        :class:`~jobguard.exceptions.StoreBrokenError`. It still shut down as on SIGTERM.
+        """
         restore = self._install_signals()
         threads = [
             threading.Thread(target=self._handle_loop, name=f"jobguard-handler-{i}", daemon=True)
@@ -191,6 +216,20 @@ class Worker:
             self._shutdown(threads)
             restore()
         return self.stats
+
+    def _heartbeat_failed(self, exc: BaseException) -> None:
+        """The heartbeat cannot renew leases any more: stop taking work and say why."""
+        reason = (
+            f"worker {self.worker_id} stopped taking work: its heartbeat failed with "
+            f"{type(exc).__name__}: {exc}; the leases of its jobs would expire under them"
+        )
+        log.error("%s", reason, exc_info=exc)
+        self.failure = WorkerFailedError(reason)
+        self.stop()
+        try:
+            self.app.hooks.worker_failed(self.worker_id, reason)
+        except Exception:
+            log.exception("the worker_failed hook raised")
 
     # -- fetching -------------------------------------------------------------------------------
 
@@ -392,6 +431,9 @@ class Worker:
             except JobGuardError as exc:
                 self.app.hooks.store_error("release", exc)
                 log.warning("could not release %d leases at shutdown: %s", len(leftovers), exc)
+        # After the release: a cancelled coroutine's late writes are then refused, as a sync
+        # handler's are, and never charge the attempt.
+        self._loop.close()
         self.app.hooks.worker_stopped(self.worker_id, self.stats.released)
 
     def _install_signals(self) -> Callable[[], None]:

@@ -52,6 +52,9 @@ def main() -> None:
     )
     print(f"READY {os.getpid()}", flush=True)
     worker.run(burst=args.burst)
+    if worker.failure is not None:  # the heartbeat failed, or the store became unusable
+        print(f"FAILED {worker.failure}", flush=True)
+        sys.exit(1)
     print(f"STOPPED released={worker.stats.released}", flush=True)
     sys.exit(0)
 

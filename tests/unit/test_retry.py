@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from jobguard.core.retry import (
     full_jitter_s,
     is_fatal,
 )
-from jobguard.exceptions import Fatal, LeaseLostError, Retry, StaleFenceError
+from jobguard.exceptions import ConfigurationError, Fatal, LeaseLostError, Retry, StaleFenceError
 
 PROPERTY_SETTINGS = settings(max_examples=300, derandomize=True, database=None)
 
@@ -103,10 +104,13 @@ def test_retry_without_delay_uses_the_backoff() -> None:
     assert 0.0 <= delay_s <= 4.0
 
 
-def test_retry_rejects_a_negative_delay() -> None:
-    """R6.2: a negative explicit delay is a programming error, caught where it is made."""
-    with pytest.raises(ValueError, match="delay_s"):
-        Retry(delay_s=-1.0)
+@pytest.mark.parametrize("delay_s", [-1.0, math.nan, math.inf, True, "5"])
+def test_retry_rejects_a_delay_that_cannot_work(delay_s: Any) -> None:
+    """A negative, NaN, infinite or non-numeric explicit delay is a mistake in the task, caught
+    where it is made: a ConfigurationError, which the pipeline buries at once (never stranded).
+    """
+    with pytest.raises(ConfigurationError, match=r"Retry\(delay_s=\.\.\.\)"):
+        Retry(delay_s=delay_s)
 
 
 # -- attempts and poison (R6.2, R7.2) -----------------------------------------------------------
@@ -147,7 +151,7 @@ def test_an_explicit_retry_is_never_poison() -> None:
 )
 def test_retry_policy_refuses_values_that_cannot_work(policy: dict[str, Any]) -> None:
     """R6.2: a policy with no attempts, negative delays or a one-shot poison rule is refused."""
-    with pytest.raises(ValueError, match=next(iter(policy))):
+    with pytest.raises(ConfigurationError, match=next(iter(policy))):
         RetryPolicy(**policy)
 
 

@@ -65,7 +65,7 @@ EXIT_USAGE = 2
     "--timeout-s",
     default=120.0,
     show_default=True,
-    type=click.FloatRange(1),
+    type=click.FloatRange(1, 86_400),
     help="Give up (and report what is unfinished as lost) after this long.",
 )
 def demo(

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
-from rich.text import Text
 
-from jobguard.cli.jobs_cmd import attempts_table, console, emit_json, jobs_table, when
+from jobguard.cli.jobs_cmd import (
+    JOB_ID,
+    LIMIT,
+    attempts_table,
+    console,
+    emit_json,
+    jobs_table,
+    safe_text,
+    when,
+)
 from jobguard.cli.state import CliState
+from jobguard.core.jsonvalues import decode_object
 from jobguard.exceptions import NotFoundError
 from jobguard.models import JobStatus
 
@@ -23,7 +33,7 @@ def dlq() -> None:
     "--limit",
     default=100,
     show_default=True,
-    type=click.IntRange(1),
+    type=LIMIT,
     help="At most this many dead jobs, most recently buried first.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the dead jobs as a JSON list.")
@@ -38,7 +48,7 @@ def list_dead(state: CliState, limit: int, as_json: bool) -> None:
 
 
 @dlq.command()
-@click.argument("job_id", type=int, metavar="ID")
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print the dead job as JSON.")
 @click.pass_obj
 def show(state: CliState, job_id: int, as_json: bool) -> None:
@@ -59,19 +69,27 @@ def show(state: CliState, job_id: int, as_json: bool) -> None:
         f"created:       {when(job.created_at)} UTC",
         f"buried:        {when(job.finished_at)} UTC",
         "payload:",
-        json.dumps(json.loads(job.payload), indent=2),
     ]
     for line in lines:
-        out.print(Text(line))
+        out.print(safe_text(line))
+    out.print(safe_text(_payload_text(job.payload), keep_lines=True))
     out.print(attempts_table(f"attempts of job {job.id}", dead.attempts))
     for attempt in dead.attempts:
         if attempt.traceback:
-            out.print(Text(f"\ntraceback of attempt {attempt.attempt} ({attempt.worker_id}):"))
-            out.print(Text(attempt.traceback.rstrip()))
+            out.print(safe_text(f"\ntraceback of attempt {attempt.attempt} ({attempt.worker_id}):"))
+            out.print(safe_text(attempt.traceback.rstrip(), keep_lines=True))
+
+
+def _payload_text(payload: Any) -> str:
+    """The payload indented if it is a JSON object, else as stored (a planted row: anything)."""
+    decoded = decode_object(payload)
+    if isinstance(decoded, str):
+        return f"{payload!r} ({decoded})"
+    return json.dumps(decoded, indent=2)
 
 
 @dlq.command()
-@click.argument("job_id", type=int, metavar="ID")
+@click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.pass_obj
 def replay(state: CliState, job_id: int) -> None:
     """Queue dead job ID again: same id, arguments and keys, attempts reset (R7.3).
@@ -79,11 +97,13 @@ def replay(state: CliState, job_id: int) -> None:
     Its operation key is kept, so work that already completed is not redone.
     """
     job = state.inspecting_app().dlq.replay(job_id)
-    click.echo(f"job {job.id} replayed: {job.status}, operation key {job.operation_key or '-'}")
+    console().print(
+        safe_text(f"job {job.id} replayed: {job.status}, operation key {job.operation_key or '-'}")
+    )
 
 
 @dlq.command()
-@click.argument("job_id", type=int, metavar="ID", required=False)
+@click.argument("job_id", type=JOB_ID, metavar="ID", required=False)
 @click.option("--all", "purge_all", is_flag=True, help="Purge every dead job.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj

@@ -15,8 +15,9 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from jobguard.cli.jobs_cmd import console, dash, duration, table, when
+from jobguard.cli.jobs_cmd import LIMIT, console, dash, duration, safe_text, table, when
 from jobguard.cli.state import CliState
+from jobguard.core import checks
 from jobguard.diagnostics import Audit, Diagnosis, Overlap, Run, Severity, TaskDurations
 from jobguard.diagnostics.retries import RECENT_RUNS
 
@@ -30,11 +31,11 @@ def _instant(ts: float) -> str:
 
 def _heading(out: Console, title: str) -> None:
     out.print()
-    out.print(Text(title, style="bold underline"))
+    out.print(safe_text(title, style="bold underline"))
 
 
 def _run_line(label: str, run: Run) -> Text:
-    return Text(
+    return safe_text(
         f"  {label + ':':7} attempt {run.attempt_id} (job {run.job_id} delivery #{run.attempt}) "
         f"on {run.worker_id}, lease {run.lease_token}, fence {dash(run.fence)}, "
         f"{run.outcome.value}, {_instant(run.started_at)} -> {_instant(run.ended_at)} UTC"
@@ -48,7 +49,7 @@ def _print_overlaps(out: Console, overlaps: Sequence[Overlap]) -> None:
         return
     for overlap in overlaps:
         out.print(
-            Text(
+            safe_text(
                 f"{overlap.key}: two deliveries ran at once for {duration(overlap.overlap_s)}",
                 style="bold red",
             )
@@ -56,7 +57,7 @@ def _print_overlaps(out: Console, overlaps: Sequence[Overlap]) -> None:
         out.print(_run_line("first", overlap.first))
         out.print(_run_line("second", overlap.second))
         for number, cause in enumerate(overlap.causes):
-            out.print(Text(f"  {'likely cause' if number == 0 else 'also'}: {cause}"))
+            out.print(safe_text(f"  {'likely cause' if number == 0 else 'also'}: {cause}"))
 
 
 def _print_durations(out: Console, durations: Sequence[TaskDurations]) -> None:
@@ -89,7 +90,9 @@ def _print_durations(out: Console, durations: Sequence[TaskDurations]) -> None:
     styles = {Severity.PROBLEM: "bold red", Severity.WARNING: "yellow", Severity.HINT: ""}
     for task, item in advice:
         out.print(
-            Text(f"  {item.severity.value}: {task}: {item.message}", style=styles[item.severity])
+            safe_text(
+                f"  {item.severity.value}: {task}: {item.message}", style=styles[item.severity]
+            )
         )
 
 
@@ -161,18 +164,18 @@ def _print_audit(out: Console, audit: Audit) -> None:
         )
         if traces.examples_without:
             line += f" (e.g. {', '.join(traces.examples_without)})"
-        out.print(Text(line))
+        out.print(safe_text(line))
     missing = ", ".join(str(job_id) for job_id in audit.missing_records) or "none"
-    out.print(Text(f"  completed jobs without a completed operation record: {missing}"))
+    out.print(safe_text(f"  completed jobs without a completed operation record: {missing}"))
     stuck = ", ".join(audit.stuck_processing) or "none"
-    out.print(Text(f"  operations stuck in processing with no queued or running job: {stuck}"))
+    out.print(safe_text(f"  operations stuck in processing with no queued or running job: {stuck}"))
 
 
 def _print(diagnosis: Diagnosis) -> None:
     out = console()
     scope = f"task {diagnosis.task}" if diagnosis.task else "every task"
     since = f"since {when(diagnosis.since)} UTC" if diagnosis.since is not None else "all read"
-    out.print(Text(f"doctor: {diagnosis.attempts} attempts of {scope}, {since}", style="bold"))
+    out.print(safe_text(f"doctor: {diagnosis.attempts} attempts of {scope}, {since}", style="bold"))
     _print_overlaps(out, diagnosis.overlaps)
     _print_durations(out, diagnosis.durations)
     _print_retries(out, diagnosis)
@@ -180,15 +183,15 @@ def _print(diagnosis: Diagnosis) -> None:
     out.print()
     problems, warnings = diagnosis.problems, diagnosis.warnings
     if problems:
-        out.print(Text(f"doctor: {len(problems)} problem(s) to fix", style="bold red"))
+        out.print(safe_text(f"doctor: {len(problems)} problem(s) to fix", style="bold red"))
         for problem in problems:
-            out.print(Text(f"  - {problem}"))
+            out.print(safe_text(f"  - {problem}"))
     else:
-        out.print(Text("doctor: no problems found", style="bold green"))
+        out.print(safe_text("doctor: no problems found", style="bold green"))
     if warnings:
-        out.print(Text(f"doctor: {len(warnings)} warning(s)", style="yellow"))
+        out.print(safe_text(f"doctor: {len(warnings)} warning(s)", style="yellow"))
         for warning in warnings:
-            out.print(Text(f"  - {warning}"))
+            out.print(safe_text(f"  - {warning}"))
 
 
 @click.command()
@@ -196,14 +199,14 @@ def _print(diagnosis: Diagnosis) -> None:
 @click.option(
     "--since-s",
     default=None,
-    type=click.FloatRange(0, min_open=True),
+    type=click.FloatRange(0, checks.MAX_DURATION_S, min_open=True),
     help="Only attempts and jobs active in the last this many seconds.",
 )
 @click.option(
     "--limit",
     default=5000,
     show_default=True,
-    type=click.IntRange(1),
+    type=LIMIT,
     help="Read at most this many recent attempts (and newest jobs).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -19,8 +19,16 @@ from rich.table import Table
 from rich.text import Text
 
 from jobguard.cli.state import CliState
+from jobguard.core import checks
+from jobguard.core.text import escape_controls
 from jobguard.exceptions import NotFoundError, PayloadError
 from jobguard.models import Attempt, Job, JobStatus
+
+# Ranges of the numeric options, so an out-of-range number is a usage error, not a traceback.
+JOB_ID = click.IntRange(1, checks.MAX_ID)
+LIMIT = click.IntRange(1, checks.MAX_COUNT)
+PRIORITY = click.IntRange(checks.MIN_PRIORITY, checks.MAX_PRIORITY)
+SECONDS = click.FloatRange(0, checks.MAX_DURATION_S)
 
 # -- output helpers (shared with dlq_cmd) -------------------------------------------------------
 
@@ -44,9 +52,13 @@ def emit_json(value: Any) -> None:
 
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(item) for item in value]
+    if isinstance(value, bytes):  # a payload planted as a BLOB: shown, not a TypeError
+        return value.decode("utf-8", "backslashreplace")
     return value
 
 
@@ -69,13 +81,22 @@ def dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def safe_text(text: str, style: str = "", *, keep_lines: bool = False) -> Text:
+    """Stored text for the terminal: control characters shown as escapes, never sent raw.
+
+    Error messages, keys and payloads come from handlers and producers; an escape sequence in
+    one must not retitle, recolour or clear the operator's terminal.
+    """
+    return Text(escape_controls(text, keep_lines=keep_lines), style=style)
+
+
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Table:
     """A rich table whose cells are plain text (no markup from stored strings)."""
-    grid = Table(title=title, title_justify="left")
+    grid = Table(title=safe_text(title), title_justify="left")  # titles quote keys too
     for name in columns:
         grid.add_column(name, overflow="fold")
     for row in rows:
-        grid.add_row(*(Text(dash(cell)) for cell in row))
+        grid.add_row(*(safe_text(dash(cell)) for cell in row))
     return grid
 
 
@@ -151,6 +172,8 @@ def parse_kwargs(ctx: click.Context, param: click.Parameter, value: str) -> dict
         parsed = json.loads(value)
     except ValueError as exc:
         raise click.BadParameter(f"not valid JSON ({exc})", ctx, param) from exc
+    except RecursionError:
+        raise click.BadParameter("nests too deeply to decode", ctx, param) from None
     if not isinstance(parsed, dict):
         raise click.BadParameter(
             f"must be a JSON object like '{{\"order_id\": 1}}', not {type(parsed).__name__}",
@@ -178,20 +201,20 @@ def parse_kwargs(ctx: click.Context, param: click.Parameter, value: str) -> dict
 @click.option(
     "--dedup-window-s",
     default=None,
-    type=click.FloatRange(0),
+    type=SECONDS,
     help="Hold the dedup key this long after completion (default: the task's).",
 )
 @click.option(
     "--delay-s",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=SECONDS,
     help="Do not run before this many seconds from now.",
 )
 @click.option(
     "--priority",
     default=None,
-    type=int,
+    type=PRIORITY,
     help="Higher runs first within a queue (default: the task's).",
 )
 @click.option("--queue", default=None, help="Override the task's queue.")
@@ -230,8 +253,8 @@ def enqueue(
         emit_json(job)
     elif job.deduplicated:
         click.echo(
-            f"job {job.id} deduplicated: it already holds dedup key {job.dedup_key!r} "
-            f"({job.status}); nothing new was enqueued"
+            f"job {job.id} deduplicated: it already holds dedup key "
+            f"{escape_controls(repr(job.dedup_key))} ({job.status}); nothing new was enqueued"
         )
     else:
         click.echo(f"job {job.id} enqueued: {job.task} on queue {job.queue}")
@@ -248,7 +271,7 @@ def enqueue(
     "--limit",
     default=50,
     show_default=True,
-    type=click.IntRange(1),
+    type=LIMIT,
     help="At most this many jobs, newest first.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON list.")
@@ -267,7 +290,7 @@ def jobs(state: CliState, status: str | None, limit: int, as_json: bool) -> None
 
 
 @click.command()
-@click.option("--job", "job_id", type=int, default=None, help="The attempts of this job.")
+@click.option("--job", "job_id", type=JOB_ID, default=None, help="The attempts of this job.")
 @click.option(
     "--operation",
     "operation_key",

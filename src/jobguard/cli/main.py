@@ -7,17 +7,23 @@ Exit codes (also in ``docs/cli.md``):
   doctor found overlapping executions or a timeout below a task's longest run)
 * 2 — bad usage or arguments (click's convention)
 * 3 — the store is unavailable (cannot open, locked past its timeout)
+* 4 — an unexpected internal error (a bug in jobguard): one line, no traceback, unless
+  ``JOBGUARD_TRACEBACK=1`` is set
+
+Messages are printed with control characters escaped: they may quote stored text.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from jobguard.cli.state import CliState
+from jobguard.core.text import escape_controls
 from jobguard.exceptions import (
     ConfigurationError,
     EnqueueError,
@@ -28,6 +34,8 @@ from jobguard.exceptions import (
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_STORE_UNAVAILABLE = 3
+EXIT_INTERNAL = 4
+TRACEBACK_ENV = "JOBGUARD_TRACEBACK"
 
 # name -> "module:attribute"; modules are imported only when their command runs.
 COMMANDS = {
@@ -94,17 +102,29 @@ class LazyGroup(click.Group):
         except click.UsageError as exc:
             # One line instead of click's usage block: the message and where to read more.
             where = exc.ctx.command_path if exc.ctx is not None else "jobguard"
-            click.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
-            sys.exit(EXIT_USAGE)
+            _fail(f"{exc.format_message()} (see '{where} --help')", EXIT_USAGE)
         except StoreUnavailableError as exc:
-            click.echo(f"error: store unavailable: {exc}", err=True)
-            sys.exit(EXIT_STORE_UNAVAILABLE)
+            _fail(f"store unavailable: {exc}", EXIT_STORE_UNAVAILABLE)
         except (ConfigurationError, EnqueueError) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_USAGE)
+            _fail(str(exc), EXIT_USAGE)
         except JobGuardError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_FAILED)
+            _fail(str(exc), EXIT_FAILED)
+        except (click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get(TRACEBACK_ENV) == "1":
+                raise
+            _fail(
+                f"unexpected {type(exc).__name__}: {exc} (a bug in jobguard; set "
+                f"{TRACEBACK_ENV}=1 to see where)",
+                EXIT_INTERNAL,
+            )
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    """Print ``error: message`` on one line (control characters escaped) and exit ``code``."""
+    click.echo(f"error: {escape_controls(message)}", err=True)
+    sys.exit(code)
 
 
 @click.group(cls=LazyGroup)

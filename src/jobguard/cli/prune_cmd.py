@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import click
 
+from jobguard.cli.jobs_cmd import SECONDS
 from jobguard.cli.state import CliState
 
 
 @click.command()
 @click.option(
     "--older-than-s",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     required=True,
     help="Delete completed jobs that finished more than this many seconds ago.",
 )

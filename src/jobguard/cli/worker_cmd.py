@@ -8,8 +8,9 @@ from types import FrameType
 
 import click
 
+from jobguard.cli.jobs_cmd import SECONDS
 from jobguard.cli.state import CliState
-from jobguard.worker import Worker
+from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH, Worker
 
 
 def _stop_on_signals(runner: Worker) -> None:
@@ -41,20 +42,20 @@ def _stop_on_signals(runner: Worker) -> None:
     "-c",
     default=4,
     show_default=True,
-    type=click.IntRange(1, 512),
+    type=click.IntRange(1, MAX_CONCURRENCY),
     help="Handler threads.",
 )
 @click.option(
     "--prefetch",
     default=None,
-    type=click.IntRange(0, 4096),
+    type=click.IntRange(0, MAX_PREFETCH),
     help="Extra leased jobs buffered beyond concurrency (default: = concurrency).",
 )
 @click.option(
     "--grace-s",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=SECONDS,
     help="On SIGTERM, how long running jobs may take before their leases are released.",
 )
 @click.option("--burst", is_flag=True, help="Exit once no job is ready and none is running.")
@@ -62,7 +63,7 @@ def _stop_on_signals(runner: Worker) -> None:
 @click.option(
     "--retention-s",
     default=None,
-    type=click.FloatRange(0, max_open=True, max=float("inf")),
+    type=SECONDS,
     help="Delete completed jobs finished longer ago than this (default: keep them).",
 )
 @click.pass_obj
@@ -99,5 +100,5 @@ def worker(
     summary = ", ".join(f"{k}={v}" for k, v in sorted(stats.outcomes.items())) or "no jobs"
     click.echo(f"worker stopped: {summary}; released {stats.released}", err=True)
     if runner.failure is not None:
-        click.echo(f"error: {runner.failure}", err=True)
-        raise SystemExit(3)
+        # The store cannot be used (exit 3), or the worker could not keep its leases (exit 1).
+        raise runner.failure

@@ -1,6 +1,19 @@
-"""Retry decisions: classify an error, compute full-jitter backoff, spot poison (R6, R7.2).
+"""Retry decisions: classify an error, compute full-jitter backoff, spot poison (G7, G8).
 
-Everything here is a pure function over values; the worker carries the decision out.
+Everything here is a pure function over values; the worker carries the decision out. The rule,
+stated once for users in ``docs/concepts.md`` ("What is retried"):
+
+1. :class:`~jobguard.Fatal`, a class in the task's ``fatal``, a
+   :class:`~jobguard.ConfigurationError` raised while the handler runs (a mistake in the task
+   itself, e.g. ``ctx.step`` without an operation key) and, when ``transient`` is given,
+   anything outside it: dead at once.
+2. Declared errors (:class:`~jobguard.Retry`, a class in ``transient``, and the standard
+   library's outage errors ``ConnectionError`` and ``TimeoutError``) are retried up to
+   ``max_attempts``, however often the same error repeats.
+3. Any other error is retried too, until the same signature repeats ``poison_threshold`` times
+   in a row (poison: a deterministic bug), or ``max_attempts`` is spent.
+4. A crash loop (a job that kills its worker) is bounded by ``max_attempts``, charged at
+   delivery.
 """
 
 from __future__ import annotations
@@ -11,8 +24,13 @@ import traceback
 from dataclasses import dataclass
 from enum import StrEnum
 
-from jobguard.exceptions import Fatal, GuardLost, HandlerDecision, Retry
+from jobguard.core import checks
+from jobguard.core.text import describe
+from jobguard.exceptions import ConfigurationError, Fatal, GuardLost, HandlerDecision, Retry
 from jobguard.models import DeadCode
+
+# Errors of an outage rather than of the job: retried up to max_attempts, never taken for poison.
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +42,10 @@ class RetryPolicy:
         backoff_base_s: First retry waits up to this long (full jitter).
         backoff_cap_s: No retry waits longer than this.
         fatal: Exception classes that go to the dead letter queue at once.
-        transient: If set, only these (and ``Retry``) are retried; others are fatal.
-        poison_threshold: The same error signature this many times in a row buries the job early.
+        transient: Errors declared transient: retried up to ``max_attempts`` and never taken for
+            poison. If set, only these (and ``Retry``) are retried; others are fatal.
+        poison_threshold: The same undeclared error signature this many times in a row buries
+            the job early.
     """
 
     max_attempts: int = 5
@@ -36,12 +56,17 @@ class RetryPolicy:
     poison_threshold: int = 3
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
-        if self.backoff_base_s < 0 or self.backoff_cap_s < 0:
-            raise ValueError("backoff_base_s and backoff_cap_s must be >= 0")
-        if self.poison_threshold < 2:
-            raise ValueError("poison_threshold must be >= 2")
+        """Check every field (raises :class:`~jobguard.ConfigurationError` naming it)."""
+        set_field = object.__setattr__  # frozen: normalise in place once, here
+        set_field(self, "max_attempts", checks.count("max_attempts", self.max_attempts))
+        set_field(self, "backoff_base_s", checks.seconds("backoff_base_s", self.backoff_base_s))
+        set_field(self, "backoff_cap_s", checks.seconds("backoff_cap_s", self.backoff_cap_s))
+        set_field(self, "fatal", checks.exception_classes("fatal", self.fatal))
+        if self.transient is not None:
+            set_field(self, "transient", checks.exception_classes("transient", self.transient))
+        set_field(
+            self, "poison_threshold", checks.count("poison_threshold", self.poison_threshold, 2)
+        )
 
 
 class Verdict(StrEnum):
@@ -74,7 +99,8 @@ def full_jitter_s(attempt: int, base_s: float, cap_s: float, rng: random.Random)
 
 def is_fatal(exc: BaseException, policy: RetryPolicy) -> bool:
     """Classify an exception raised by a handler as fatal (never retried) or transient."""
-    if isinstance(exc, Fatal):
+    if isinstance(exc, Fatal | ConfigurationError):
+        # A mistake in the task itself: every rerun would repeat it.
         return True
     # Fatal was handled above: any other decision (Retry) asks for a retry, whatever the policy.
     if isinstance(exc, HandlerDecision | GuardLost):
@@ -86,6 +112,13 @@ def is_fatal(exc: BaseException, policy: RetryPolicy) -> bool:
     return False
 
 
+def is_declared(exc: BaseException, policy: RetryPolicy) -> bool:
+    """Whether ``exc`` is an error the task expects to pass: never taken for poison."""
+    if isinstance(exc, (Retry, *OUTAGE_ERRORS)):
+        return True
+    return policy.transient is not None and isinstance(exc, policy.transient)
+
+
 def error_signature(exc: BaseException) -> str:
     """A short stable hash of the error's type and the code locations of its traceback.
 
@@ -95,7 +128,9 @@ def error_signature(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     parts = [type(exc).__module__ + "." + type(exc).__qualname__]
     parts.extend(f"{frame.filename}:{frame.name}:{frame.lineno}" for frame in frames)
-    return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
+    return hashlib.blake2b(
+        "\n".join(parts).encode("utf-8", "surrogatepass"), digest_size=8
+    ).hexdigest()
 
 
 def decide(
@@ -117,23 +152,25 @@ def decide(
     """
     name = type(exc).__name__
     if is_fatal(exc, policy):
-        return Decision(Verdict.DEAD, reason=f"fatal error: {name}: {exc}", code=DeadCode.FATAL)
+        return Decision(
+            Verdict.DEAD, reason=f"fatal error: {name}: {describe(exc)}", code=DeadCode.FATAL
+        )
     if attempt >= policy.max_attempts:
         return Decision(
             Verdict.DEAD,
             reason=f"attempts exhausted ({attempt}/{policy.max_attempts}): {name}",
             code=DeadCode.EXHAUSTED,
         )
-    if not isinstance(exc, Retry) and same_signature_count >= policy.poison_threshold:
+    if not is_declared(exc, policy) and same_signature_count >= policy.poison_threshold:
         return Decision(
             Verdict.DEAD,
             reason=f"poison: the same {name} {same_signature_count} times in a row",
             code=DeadCode.POISON,
         )
     if isinstance(exc, Retry) and exc.delay_s is not None:
-        return Decision(Verdict.RETRY, delay_s=exc.delay_s, reason=str(exc))
+        return Decision(Verdict.RETRY, delay_s=exc.delay_s, reason=describe(exc))
     delay = full_jitter_s(attempt, policy.backoff_base_s, policy.backoff_cap_s, rng)
-    return Decision(Verdict.RETRY, delay_s=delay, reason=f"{name}: {exc}")
+    return Decision(Verdict.RETRY, delay_s=delay, reason=f"{name}: {describe(exc)}")
 
 
 def deferral_delay_s(deferrals: int, rng: random.Random, cap_s: float = 5.0) -> float:

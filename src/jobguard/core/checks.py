@@ -1,0 +1,92 @@
+"""Checks of the numbers users give jobguard: durations, counts, priorities (guarantee G13).
+
+Every option is checked where it is given, so a bad value fails at that line with a message
+naming the option and its allowed range, instead of surfacing later as a store error, a job
+that never runs or a dead heartbeat. ``bool`` is refused where a number is expected (``True``
+is an ``int`` to Python, never what the caller meant), and so are text, NaN and infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jobguard.exceptions import ConfigurationError
+
+# Ten years: longer than any lease, lock, delay or window that means something, and far inside
+# what every store's timestamp arithmetic and ``threading.Event.wait`` accept.
+MAX_DURATION_S = 10 * 365 * 24 * 3600.0
+# Priorities are stored in a 32-bit signed integer column on every backend.
+MIN_PRIORITY = -(2**31)
+MAX_PRIORITY = 2**31 - 1
+# Counts (attempts, thresholds, limits, sizes) stay within a 32-bit signed integer too.
+MAX_COUNT = 2**31 - 1
+# Largest job or attempt id a command may name (a 64-bit signed integer column).
+MAX_ID = 2**63 - 1
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number of seconds, not {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigurationError(
+            f"{name} must be a finite number of seconds (0 to {MAX_DURATION_S:g}), not {value!r}"
+        )
+    return number
+
+
+def seconds(name: str, value: Any, *, positive: bool = False) -> float:
+    """A duration in seconds: finite, ``>= 0`` (``> 0`` if ``positive``), at most ten years."""
+    number = _number(name, value)
+    low_ok = number > 0 if positive else number >= 0
+    if not low_ok or number > MAX_DURATION_S:
+        bound = "> 0" if positive else ">= 0"
+        raise ConfigurationError(
+            f"{name} must be {bound} and at most {MAX_DURATION_S:g} seconds (ten years), "
+            f"not {value!r}"
+        )
+    return number
+
+
+def optional_seconds(name: str, value: Any, *, positive: bool = False) -> float | None:
+    """:func:`seconds`, or ``None`` left as is."""
+    return None if value is None else seconds(name, value, positive=positive)
+
+
+def integer(name: str, value: Any, low: int, high: int) -> int:
+    """A whole number in ``[low, high]``; ``bool``, ``float`` and text are refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"{name} must be an integer from {low} to {high}, not {value!r}")
+    if not low <= value <= high:
+        raise ConfigurationError(f"{name} must be from {low} to {high}, not {value}")
+    return int(value)
+
+
+def priority(name: str, value: Any) -> int:
+    """A job priority: an integer that fits a 32-bit signed column."""
+    return integer(name, value, MIN_PRIORITY, MAX_PRIORITY)
+
+
+def count(name: str, value: Any, low: int = 1) -> int:
+    """A count of things (attempts, jobs, bytes) from ``low`` up to ``2**31 - 1``."""
+    return integer(name, value, low, MAX_COUNT)
+
+
+def job_id(value: Any) -> int:
+    """A job id: a positive integer that fits the store's 64-bit id column."""
+    return integer("job id", value, 1, MAX_ID)
+
+
+def exception_classes(name: str, value: Any) -> tuple[type[BaseException], ...]:
+    """A tuple of exception classes (``fatal=``, ``transient=``)."""
+    items = tuple(value) if isinstance(value, tuple | list) else (value,)
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise ConfigurationError(
+                f"{name} must be a tuple of exception classes, but it holds {item!r}"
+            )
+    return items
