@@ -112,6 +112,8 @@ class Heartbeat(threading.Thread):
         expired and been given to another worker, so treat it as lost (the handler sees
         ``ctx.lease_lost``; the store refuses its writes if it was taken over)."""
         for item in current:
+            if item.closing:
+                continue  # its own final write is the judge, as above
             if now - item.renewed_at >= item.delivery.visibility_timeout_s:
                 reason = "lease could not be renewed (store unreachable) and may have expired"
                 item.mark_lost(reason)

@@ -365,7 +365,9 @@ class SQLStore:
                     # One job's unstorable row (text the driver cannot encode, say) must not
                     # fail the acks of the others: its own finish is left to its lease.
                     job = request.guard.job_id
-                    failed = StoreUnavailableError(f"job {job}: its finish could not be stored: {exc}")
+                    failed = StoreUnavailableError(
+                        f"job {job}: its finish could not be stored: {exc}"
+                    )
                     failed.__cause__ = exc
                     refused.append(failed)
             return refused
