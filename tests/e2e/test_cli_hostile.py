@@ -83,13 +83,12 @@ def test_control_characters_in_stored_text_are_shown_escaped_by_every_command(
         assert "\\x1b" in shown, (command, shown)
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # only SQLite stores a BLOB
 def test_a_payload_planted_as_a_blob_is_shown_by_dlq_show_not_a_traceback(
     module: str, store_url: str
 ) -> None:
     """A dead job whose payload row is a BLOB of invalid UTF-8: ``dlq show`` prints it raw
     (escaped) with what is wrong with it, and ``--json`` output carries it escaped; exit 0."""
-    if stores.kind_of(store_url) != "sqlite":
-        pytest.skip("only SQLite lets a BLOB into a text column")
     result = run("--app", f"{module}:app", "enqueue", "explode", "--kwargs", '{"tag": "x"}')
     assert result.exit_code == 0, result.output
     app: App = sys.modules[module].app

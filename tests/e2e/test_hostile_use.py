@@ -167,30 +167,38 @@ def test_an_external_reference_no_store_accepts_is_stored_made_storable(
 DEEP = 100_000
 
 
-@pytest.mark.parametrize(
-    ("planted", "expected"),
-    [
-        ('{"data": ' + "[" * DEEP + "]" * DEEP + "}", "payload nests too deeply to decode"),
-        (b"\xff\xfe{", "payload is not valid JSON"),
-    ],
-    ids=["nested-100000-deep", "blob-not-utf8"],
-)
-def test_a_planted_payload_of_any_shape_goes_to_the_dead_letter_queue_with_the_true_reason(
+def bury_a_planted_payload(
     happ: App, store_url: str, effects_path: Path, planted: object, expected: str
 ) -> None:
-    """A payload written behind jobguard's back (no enqueue would accept it) is buried after
-    one delivery with what is wrong with it; no RecursionError or TypeError escapes, and the
-    job next to it runs (G12)."""
+    """Plant ``planted`` as a queued job's payload; it is buried after one delivery with
+    ``expected`` as its reason, and the job next to it runs."""
     job = happ.enqueue(hostile.NOOP, {"n": 1})
     neighbour = happ.enqueue(hostile.NOOP, {"n": 2})
-    if isinstance(planted, bytes) and stores.kind_of(store_url) != "sqlite":
-        pytest.skip("only SQLite lets a BLOB into a text column")
     jobs = stores.table(store_url, "jobs")
     stores.execute(store_url, [f"UPDATE {jobs} SET payload = ? WHERE id = ?"], [(planted, job.id)])
     reason = dead_after_one_delivery(happ, job.id, store_url, effects_path)
     assert reason.startswith(expected)
     assert happ.get_job(neighbour.id).status == JobStatus.COMPLETED
     assert hostile.effects(effects_path, job.id) == []
+
+
+def test_a_planted_payload_nested_too_deep_goes_to_the_dead_letter_queue_with_the_true_reason(
+    happ: App, store_url: str, effects_path: Path
+) -> None:
+    """A payload written behind jobguard's back (no enqueue would accept it) is buried after
+    one delivery with what is wrong with it; no RecursionError escapes (G12)."""
+    planted = '{"data": ' + "[" * DEEP + "]" * DEEP + "}"
+    bury_a_planted_payload(
+        happ, store_url, effects_path, planted, "payload nests too deeply to decode"
+    )
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # only SQLite stores a BLOB
+def test_a_payload_planted_as_a_blob_goes_to_the_dead_letter_queue_with_the_true_reason(
+    happ: App, store_url: str, effects_path: Path
+) -> None:
+    """A BLOB of invalid UTF-8 where the payload text belongs: buried, no TypeError (G12)."""
+    bury_a_planted_payload(happ, store_url, effects_path, b"\xff\xfe{", "payload is not valid JSON")
 
 
 # -- async handlers under a crash -----------------------------------------------------------------

@@ -61,7 +61,7 @@ def open_connection(
 ) -> sqlite3.Connection:
     """Open a connection in autocommit mode (transactions are explicit) with our pragmas."""
     try:
-        target = options.path if options.create else f"{_file_uri(options.path)}?mode=rw"
+        target = options.path if options.create else f"{file_uri(options.path)}?mode=rw"
         conn = sqlite3.connect(
             target,
             timeout=options.busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
@@ -78,7 +78,7 @@ def open_connection(
     return conn
 
 
-def _file_uri(path: str) -> str:
+def file_uri(path: str) -> str:
     """A ``file:`` URI naming ``path`` exactly (``?`` and ``#`` in names are escaped)."""
     return "file:" + urllib.parse.quote(os.path.abspath(path))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -23,6 +24,7 @@ from jobguard.backends.sqlite.connection import (
     ProcessLocal,
     SQLiteOptions,
     conn_path,
+    file_uri,
     migrate,
     open_connection,
 )
@@ -37,6 +39,7 @@ from jobguard.exceptions import (
 T = TypeVar("T")
 
 Q = load_queries("jobguard.backends.sqlite")
+IDENTITY_CHECK_EVERY_S = 2.0
 
 
 def _param(value: Any) -> Any:
@@ -143,6 +146,8 @@ class SQLiteDriver:
         finally:
             conn.close()
         self._inode = _inode(path)
+        self._identity = _identity(path)
+        self._identity_checked = time.monotonic()
         self._local = ProcessLocal(replace(self._options, create=False))
         self._waker = Waker(path)
 
@@ -151,7 +156,7 @@ class SQLiteDriver:
         try:
             return self._local.committer().run(lambda conn: fn(SQLiteTx(conn, self._clock)))
         except StoreUnavailableError as exc:
-            self._check_file()
+            self._check_file(deep=True)
             raise exc from exc.__cause__
 
     def read(self, fn: Callable[[SQLiteTx], T]) -> T:
@@ -159,12 +164,21 @@ class SQLiteDriver:
         try:
             return fn(SQLiteTx(self._local.reader(), self._clock))
         except (sqlite3.Error, StoreUnavailableError) as exc:
-            self._check_file()
+            self._check_file(deep=True)
             raise StoreUnavailableError(f"SQLite read failed: {exc}") from exc
 
-    def _check_file(self) -> None:
-        """Raise :class:`StoreBrokenError` if the file is no longer the one this store opened."""
-        if _inode(self.path) != self._inode:
+    def _check_file(self, *, deep: bool = False) -> None:
+        """Raise :class:`StoreBrokenError` if the file is no longer the one this store opened.
+
+        The inode tells at once; a file made anew at the same path may get the same inode
+        number, so ``deep`` also reads the file's identity (when its schema was installed)
+        through a fresh connection.
+        """
+        replaced = _inode(self.path) != self._inode
+        if not replaced and deep:
+            self._identity_checked = time.monotonic()
+            replaced = _identity(self.path) != self._identity
+        if replaced:
             raise StoreBrokenError(
                 f"the SQLite file {self.path!r} was deleted or replaced while in use; "
                 "restart the worker on the current file"
@@ -219,13 +233,27 @@ class SQLiteDriver:
         Also notices a store file that was deleted or replaced under a running worker, which
         would otherwise go on reading the old file and never see a new job.
         """
-        self._check_file()
+        deep = time.monotonic() - self._identity_checked >= IDENTITY_CHECK_EVERY_S
+        self._check_file(deep=deep)
         self._waker.wait(timeout_s)
 
     def close(self) -> None:
         """Close this process's connections and its wake-up socket."""
         self._waker.close()
         self._local.close()
+
+
+def _identity(path: str) -> str | None:
+    """When this file's schema versions were installed: different for every file jobguard made."""
+    try:
+        conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True, timeout=5.0)
+        try:
+            row = conn.execute("SELECT group_concat(applied_at) FROM jobguard_schema").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0])
 
 
 def _inode(path: str) -> tuple[int, int] | None:
