@@ -12,7 +12,7 @@ from jobguard.cli.jobs_cmd import SECONDS
 from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
 from jobguard.hooks import HookChain, Hooks
-from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH, Worker
+from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH
 
 
 def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> str | None:
