@@ -24,7 +24,7 @@ from jobguard.exceptions import (
     UnknownTaskError,
     WorkerFailedError,
 )
-from jobguard.hooks import Hooks
+from jobguard.hooks import AttemptEvent, HookChain, Hooks
 from jobguard.models import (
     Attempt,
     DeadJob,
@@ -41,6 +41,7 @@ from jobguard.worker import Worker
 __all__ = [
     "App",
     "Attempt",
+    "AttemptEvent",
     "ConfigurationError",
     "Context",
     "DeadJob",
@@ -49,6 +50,7 @@ __all__ = [
     "EnqueueError",
     "Fatal",
     "GuardLost",
+    "HookChain",
     "Hooks",
     "Job",
     "JobGuardError",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, overload
 
 from jobguard.backends import DEFAULT_URL, check_store_url, migrate_store, open_backend
@@ -20,7 +22,18 @@ from jobguard.exceptions import (
     UnknownTaskError,
 )
 from jobguard.hooks import Hooks
-from jobguard.models import Attempt, DeadJob, Job, JobStatus, LockGrant, Operation
+from jobguard.models import (
+    Attempt,
+    AuditEntry,
+    DeadJob,
+    Job,
+    JobSpec,
+    JobStatus,
+    LockGrant,
+    Operation,
+    OutcomeCount,
+    QueueStats,
+)
 from jobguard.task import Task, call_options, check_queue_name
 from jobguard.worker import Worker
 
@@ -29,6 +42,13 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_VISIBILITY_TIMEOUT_S = 30.0
+MAX_PAGE = 1000  # the most jobs one find_jobs() call returns
+
+
+def with_headers(stored: str | None, added: Mapping[str, str]) -> str:
+    """A job's headers (JSON object text) with ``added`` merged in; the job's own win."""
+    own = json.loads(stored) if stored else {}
+    return json.dumps({**added, **own}, sort_keys=True, separators=(",", ":"))
 
 
 class DeadLetterQueue:
@@ -53,18 +73,29 @@ class DeadLetterQueue:
             attempts=self._app.backend.attempts(job_id=job_id),
         )
 
-    def replay(self, job_id: int) -> Job:
+    def replay(self, job_id: int, *, actor: str | None = None) -> Job:
         """Queue a dead job again with the same id, arguments and keys (R7.3).
 
-        Its operation key is kept, so work that completed is not redone (invariant 8).
+        Its operation key is kept, so work that completed is not redone (invariant 8). With
+        ``actor``, the replay is written to the audit trail under that name.
         """
         job_id = checks.job_id(job_id)
-        return self._app.backend.replay(job_id)
+        job = self._app.backend.replay(job_id)
+        if actor is not None:
+            self._app.backend.record_audit(actor, "replay", f"job {job_id}", job.task)
+        return job
 
-    def purge(self, job_id: int | None = None) -> int:
-        """Delete one dead job, or all of them, with their attempt rows; return how many."""
+    def purge(self, job_id: int | None = None, *, actor: str | None = None) -> int:
+        """Delete one dead job, or all of them, with their attempt rows; return how many.
+
+        With ``actor``, the purge is written to the audit trail under that name.
+        """
         job_id = None if job_id is None else checks.job_id(job_id)
-        return self._app.backend.purge(job_id)
+        purged = self._app.backend.purge(job_id)
+        if actor is not None:
+            target = "all dead jobs" if job_id is None else f"job {job_id}"
+            self._app.backend.record_audit(actor, "purge", target, f"{purged} purged")
+        return purged
 
 
 class App:
@@ -267,8 +298,26 @@ class App:
     def enqueue(self, task_name: str, kwargs: dict[str, Any], **options: Any) -> Job:
         """Enqueue a task by name (as the CLI does); options as in :meth:`Task.options`."""
         task = self.get_task(task_name)
-        spec = task.build_spec(kwargs, call_options(**options))
-        return self.backend.enqueue(spec)
+        return self.store_jobs([task.build_spec(kwargs, call_options(**options))])[0]
+
+    def store_jobs(self, specs: Sequence[JobSpec], *, connection: Any = None) -> list[Job]:
+        """Store validated jobs in one transaction, inside the hooks' :meth:`~Hooks.enqueuing`.
+
+        Every enqueue goes through here, so metrics count it and the headers the hooks yield (a
+        tracer's context) are stored with each job. ``connection`` as in :meth:`Task.enqueue`.
+        """
+        with self.hooks.enqueuing(specs) as headers:
+            if headers:
+                specs = [
+                    replace(spec, headers=with_headers(spec.headers, headers)) for spec in specs
+                ]
+            if len(specs) == 1:
+                jobs = [self.backend.enqueue(specs[0], connection=connection)]
+            else:
+                jobs = self.backend.enqueue_many(specs, connection=connection)
+            for job in jobs:
+                self.hooks.job_enqueued(job)
+        return jobs
 
     # -- inspection -----------------------------------------------------------------------------
 
@@ -294,6 +343,41 @@ class App:
         """
         older_than_s = checks.seconds("older_than_s", older_than_s)
         return self.backend.prune_completed(older_than_s)
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Per queue: ready, scheduled, running and dead jobs, the oldest ready and running."""
+        return self.backend.queue_stats()
+
+    def find_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[Job]:
+        """Newest jobs first, matching every filter given; ``limit`` of them from ``offset``."""
+        if not 1 <= limit <= MAX_PAGE or offset < 0:
+            raise ConfigurationError(f"limit must be 1..{MAX_PAGE} and offset >= 0")
+        return self.backend.find_jobs(
+            status=status, queue=queue, task=task, limit=limit, offset=offset
+        )
+
+    def outcome_timeline(
+        self, since_s: float, bucket_s: float, window: int = 20000
+    ) -> list[OutcomeCount]:
+        """Attempts of the last ``since_s`` seconds per ``bucket_s`` and outcome.
+
+        Only the ``window`` most recent attempts are read (throughput and failures over time).
+        """
+        if since_s <= 0 or bucket_s <= 0 or window < 1:
+            raise ConfigurationError("since_s and bucket_s must be > 0 and window >= 1")
+        return self.backend.outcome_timeline(self.backend.now() - since_s, bucket_s, window)
+
+    def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
+        """The most recent operator actions (replays and purges with an actor), newest first."""
+        return self.backend.audit_trail(limit)
 
     def attempts(
         self, *, job_id: int | None = None, operation_key: str | None = None, limit: int = 1000

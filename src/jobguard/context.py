@@ -13,6 +13,7 @@ from jobguard.core.jsonvalues import inexact_part
 from jobguard.core.keys import idempotency_key
 from jobguard.core.text import storable
 from jobguard.exceptions import ConfigurationError, StepError
+from jobguard.hooks import Hooks
 
 if TYPE_CHECKING:
     from jobguard.backends.base import Backend, Begun
@@ -80,9 +81,11 @@ class Context:
         inflight: InFlight,
         worker_id: str,
         stored_steps: dict[str, Any],
+        hooks: Hooks | None = None,
     ) -> None:
         delivery = inflight.delivery
         self._backend = backend
+        self._hooks = hooks or Hooks()
         self._inflight = inflight
         self._steps = dict(stored_steps)
         self.job_id = delivery.job_id
@@ -154,7 +157,9 @@ class Context:
         return key, name in self._steps
 
     def _memoised(self, name: str) -> Any:
+        """The stored result of a step done before; counted and told to the hooks."""
         self.steps_skipped += 1
+        self._hooks.step_skipped(self._inflight.delivery, name)
         return self._steps[name]
 
     def _checked(self, what: str, name: str, value: T) -> T:
@@ -187,8 +192,9 @@ class Context:
         if done:
             stored: T = self._memoised(name)
             return stored
-        value = self._checked("step", name, fn(*args, **kwargs))
-        return self._recorded(key, name, value)
+        with self._hooks.running_step(self._inflight.delivery, name):
+            value = self._checked("step", name, fn(*args, **kwargs))
+            return self._recorded(key, name, value)
 
     async def step_async(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """:meth:`step` for async code: ``fn`` may be an ``async def`` (it is awaited).
@@ -198,11 +204,12 @@ class Context:
         key, done = self._claim_step("step_async", name)
         if done:
             return self._memoised(name)
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        value = self._checked("step_async", name, result)
-        return await asyncio.to_thread(self._recorded, key, name, value)
+        with self._hooks.running_step(self._inflight.delivery, name):
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            value = self._checked("step_async", name, result)
+            return await asyncio.to_thread(self._recorded, key, name, value)
 
     def db_step(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in one transaction with the step record (guarantee G5.2).
@@ -225,7 +232,8 @@ class Context:
         def checked(conn: Any, *fn_args: Any) -> T:
             return self._checked("db_step", name, fn(conn, *fn_args))
 
-        ran, value = self._backend.db_step(self._inflight.guard, key, name, checked, args)
+        with self._hooks.running_step(self._inflight.delivery, name):
+            ran, value = self._backend.db_step(self._inflight.guard, key, name, checked, args)
         self._steps[name] = value
         if ran:
             self.steps_run += 1

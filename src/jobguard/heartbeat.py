@@ -95,6 +95,7 @@ class Heartbeat(threading.Thread):
             return
         for item in current:
             item.renewed_at = beat_at
+        self._hooks.leases_renewed(sum(r.lease_ok and r.lock_ok for r in results))
         for item, result in zip(current, results, strict=True):
             if item.closing:
                 continue  # its own final write is the judge (it may have just finished the job)

@@ -210,3 +210,49 @@ class DeadJob:
     job: Job
     reason: str
     attempts: list[Attempt]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue as the store sees it now (the dashboard's overview, the exporter's gauges).
+
+    Attributes:
+        queue: The queue name.
+        ready: Queued jobs whose time has come.
+        scheduled: Queued jobs waiting for their time (a delay, a retry's backoff, a deferral).
+        running: Jobs under a lease (including leases expired and not yet taken over).
+        dead: Jobs in the dead letter queue.
+        oldest_ready_at: When the oldest ready job became due (``None``: none ready).
+        oldest_running_since: When the oldest running delivery started (``None``: none).
+        shortest_lease_s: The shortest visibility timeout among running jobs (``None``: none).
+    """
+
+    queue: str
+    ready: int = 0
+    scheduled: int = 0
+    running: int = 0
+    dead: int = 0
+    oldest_ready_at: float | None = None
+    oldest_running_since: float | None = None
+    shortest_lease_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeCount:
+    """How many attempts ended with ``outcome`` in the time bucket starting at ``start``."""
+
+    start: float
+    outcome: Outcome
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action on the store (a replay or a purge): who, when, what."""
+
+    id: int
+    at: float
+    actor: str
+    action: str
+    target: str
+    detail: str

@@ -39,7 +39,8 @@ from jobguard.core import messages
 from jobguard.core.jsonvalues import MAX_NESTING, decode_object, too_deep
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
 from jobguard.core.text import MAX_TRACEBACK_CHARS, describe, storable
-from jobguard.exceptions import Fatal, GuardLost, LeaseLostError, StaleFenceError
+from jobguard.exceptions import Fatal, GuardLost, JobGuardError, LeaseLostError, StaleFenceError
+from jobguard.hooks import AttemptEvent
 from jobguard.models import DeadCode, Delivery, Guard, OperationStatus, Outcome
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class Settled:
     outcome: Outcome
     reason: str = ""
     ack: FinishRequest | None = None
+    error: ErrorInfo | None = None
 
 
 def guard_of(delivery: Delivery) -> Guard:
@@ -104,17 +106,44 @@ class Pipeline:
         :meth:`complete`, so that a worker can ack many jobs in one durable commit.
         """
         started = time.monotonic()
-        try:
-            settled = self._run(inflight, started)
-        except GuardLost as exc:
-            settled = self._refused(
-                inflight, exc, self._closing(inflight, started, inflight.context)
-            )
-        if settled.ack is None:
-            self.hooks.delivery_settled(
-                inflight.delivery, settled.outcome, time.monotonic() - started
-            )
+        with self.hooks.delivering(inflight.delivery):
+            try:
+                settled = self._run(inflight, started)
+            except GuardLost as exc:
+                settled = self._refused(
+                    inflight, exc, self._closing(inflight, started, inflight.context)
+                )
+            except JobGuardError as exc:
+                # The store failed mid-delivery: the lease expires and the attempt is closed as
+                # lost by the next fetch of the job, which is what hooks hear now.
+                lost = Settled(Outcome.LOST, f"store error: {exc}")
+                self._report(inflight, lost, time.monotonic() - started)
+                raise
+            if settled.ack is None:
+                self._report(inflight, settled, time.monotonic() - started)
         return settled
+
+    def _report(self, inflight: InFlight, settled: Settled, duration_s: float) -> None:
+        """Tell the hooks how a delivery ended, with what the attempt log holds of it."""
+        ctx = inflight.context
+        lock = inflight.guard.lock
+        error = settled.error
+        self.hooks.attempt_ended(
+            AttemptEvent(
+                delivery=inflight.delivery,
+                worker_id=self.worker_id,
+                outcome=settled.outcome,
+                duration_s=duration_s,
+                lock_owner=lock.owner if lock else None,
+                fence=lock.fence if lock else None,
+                steps_run=ctx.steps_run if ctx else 0,
+                steps_skipped=ctx.steps_skipped if ctx else 0,
+                reason=settled.reason,
+                error_type=error.type if error else None,
+                error_message=error.message if error else None,
+            )
+        )
+        self.hooks.delivery_settled(inflight.delivery, settled.outcome, duration_s)
 
     def complete(self, batch: Sequence[tuple[InFlight, Settled]]) -> list[Settled]:
         """Write the finishes of successful deliveries in one store call (batched acks).
@@ -125,7 +154,14 @@ class Pipeline:
         acks = [settled.ack for _, settled in batch if settled.ack is not None]
         if len(acks) != len(batch):
             raise ValueError("complete() takes only deliveries whose finish is pending")
-        refusals = self.backend.finish_many(acks)
+        try:
+            refusals = self.backend.finish_many(acks)
+        except JobGuardError as exc:
+            # Not acked: the leases expire and the next fetch closes these attempts as lost.
+            for (inflight, _), ack in zip(batch, acks, strict=True):
+                lost = Settled(Outcome.LOST, f"ack failed: {exc}")
+                self._report(inflight, lost, ack.closing.duration_s)
+            raise
         results: list[Settled] = []
         for (inflight, settled), refusal, ack in zip(batch, refusals, acks, strict=True):
             if refusal is None:
@@ -137,7 +173,7 @@ class Pipeline:
                 # again (its steps are skipped); the rest of the batch was acked.
                 self.hooks.store_error("ack", refusal)
                 final = Settled(Outcome.LOST, f"not acked: {refusal}")
-            self.hooks.delivery_settled(inflight.delivery, final.outcome, ack.closing.duration_s)
+            self._report(inflight, final, ack.closing.duration_s)
             results.append(final)
         return results
 
@@ -195,7 +231,7 @@ class Pipeline:
         self.backend.bury(
             inflight.guard, self._closing(inflight, started), code=code, reason=reason, error=error
         )
-        return Settled(Outcome.DEAD, reason)
+        return Settled(Outcome.DEAD, reason, error=error)
 
     def _arguments(self, delivery: Delivery, task: Task) -> dict[str, Any] | str:
         """The job's arguments, or why they cannot be (whatever shape the stored payload has)."""
@@ -257,6 +293,7 @@ class Pipeline:
             inflight=inflight,
             worker_id=self.worker_id,
             stored_steps=stored_steps,
+            hooks=self.hooks,
         )
         inflight.context = ctx
         try:
@@ -337,7 +374,7 @@ class Pipeline:
                 error=error,
                 operation_key=delivery.operation_key,
             )
-            return Settled(Outcome.RETRY, decision.reason)
+            return Settled(Outcome.RETRY, decision.reason, error=error)
         self.backend.bury(
             inflight.guard,
             closing,
@@ -346,7 +383,7 @@ class Pipeline:
             error=error,
             operation_key=delivery.operation_key,
         )
-        return Settled(Outcome.DEAD, decision.reason)
+        return Settled(Outcome.DEAD, decision.reason, error=error)
 
     def _refused(self, inflight: InFlight, exc: GuardLost, closing: Closing) -> Settled:
         """A write was refused: this delivery is stale. Record it; never ack."""
@@ -363,7 +400,7 @@ class Pipeline:
             outcome = Outcome.LEASE_REFUSED
         inflight.mark_lost(reason)
         self.backend.record_refusal(inflight.guard, outcome, closing, reason)
-        return Settled(outcome, reason)
+        return Settled(outcome, reason, error=ErrorInfo(type(exc).__name__, reason))
 
 
 def _traceback_text(exc: BaseException) -> str:

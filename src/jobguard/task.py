@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +37,9 @@ class TaskHost(Protocol):
 
     def visibility_timeout_for(self, queue: str) -> float:
         """The lease length of ``queue`` for tasks that do not set their own."""
+
+    def store_jobs(self, specs: Sequence[JobSpec], *, connection: Any = None) -> list[Job]:
+        """Store validated jobs (with the app's hooks around the write)."""
 
 
 QUEUE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
@@ -256,7 +259,7 @@ class Task:
         job is written in your transaction: it exists if and only if your transaction commits.
         """
         spec = self.build_spec(kwargs, CallOptions())  # refused before the store is opened
-        return self.app.backend.enqueue(spec, connection=connection)
+        return self.app.store_jobs([spec], connection=connection)[0]
 
     async def enqueue_async(self, /, **kwargs: Any) -> Job:
         """:meth:`enqueue` from async code: the store call runs on a thread, not the loop."""
@@ -270,7 +273,7 @@ class Task:
         ``connection`` as in :meth:`enqueue`.
         """
         specs = [self.build_spec(kwargs, CallOptions()) for kwargs in arguments]
-        return self.app.backend.enqueue_many(specs, connection=connection)
+        return self.app.store_jobs(specs, connection=connection) if specs else []
 
     def build_spec(self, kwargs: Mapping[str, Any], options: CallOptions) -> JobSpec:
         """Validate arguments and options and build the :class:`JobSpec` (no I/O)."""
@@ -322,7 +325,7 @@ class BoundCall:
         """Schedule the task with these arguments and the bound options (see
         :meth:`Task.enqueue` for ``connection``)."""
         spec = self.task.build_spec(kwargs, self.call_options)
-        return self.task.app.backend.enqueue(spec, connection=connection)
+        return self.task.app.store_jobs([spec], connection=connection)[0]
 
     async def enqueue_async(self, /, **kwargs: Any) -> Job:
         """:meth:`enqueue` from async code: the store call runs on a thread, not the loop."""

@@ -13,7 +13,8 @@ How a document's fenced blocks are treated (STYLE.md convention 11):
   ``# exit N`` comment. A ``worker`` command without ``--burst`` runs until stopped, so it is
   run twice: first with ``--burst`` appended (the queues drain, so later examples see a settled
   store), then exactly as written, stopped with SIGTERM once started; it must exit 0.
-  Other shell blocks (installation commands) are not run here.
+  ``dashboard`` and ``exporter`` serve until stopped too: they run as written and get SIGTERM
+  once they printed their address. Other shell blocks (installation commands) are not run here.
 
 Reference tables are preceded by a marker comment and compared with the code:
 ``<!-- defaults: module:Callable -->`` (every parameter, with its default),
@@ -157,11 +158,25 @@ def write_module(block: Block, workdir: Path) -> None:
         assert done.returncode == 0, f"{block.where}: {module} does not import:\n{done.stderr}"
 
 
-def is_long_running_worker(args: list[str]) -> bool:
-    return "worker" in args and "--burst" not in args and "--help" not in args
+# Commands that serve until stopped: what they print on stderr once started, and once stopped.
+SERVING = {
+    "worker": ("worker ", "worker stopped"),
+    "dashboard": ("dashboard at ", "dashboard stopped"),
+    "exporter": ("exporter serving ", "exporter stopped"),
+}
 
 
-def run_until_started_then_sigterm(block: Block, command: str, args: list[str], cwd: Path) -> None:
+def long_running(args: list[str]) -> str | None:
+    """The serving command ``args`` runs until stopped, if any (``worker --burst`` ends)."""
+    if "--help" in args or "--burst" in args:
+        return None
+    return next((name for name in SERVING if name in args), None)
+
+
+def run_until_started_then_sigterm(
+    block: Block, command: str, args: list[str], cwd: Path, serving: str
+) -> None:
+    started, stopped = SERVING[serving]
     proc = subprocess.Popen(
         [*entry_point(), *args],
         cwd=cwd,
@@ -172,8 +187,10 @@ def run_until_started_then_sigterm(block: Block, command: str, args: list[str], 
     )
     try:
         assert proc.stderr is not None
-        first = proc.stderr.readline()  # "worker ID on queues ..." once it is about to fetch
-        assert first.startswith("worker "), f"{block.where}: `{command}` did not start: {first}"
+        first = proc.stderr.readline()  # e.g. "worker ID on queues ..." once it is about to fetch
+        while first.startswith("metrics at "):  # printed before the worker's line
+            first = proc.stderr.readline()
+        assert first.startswith(started), f"{block.where}: `{command}` did not start: {first}"
         proc.send_signal(signal.SIGTERM)
         _, rest = proc.communicate(timeout=TIMEOUT_S)
     finally:
@@ -181,7 +198,7 @@ def run_until_started_then_sigterm(block: Block, command: str, args: list[str], 
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, f"{block.where}: `{command}` after SIGTERM:\n{first}{rest}"
-    assert "worker stopped" in rest, f"{block.where}: `{command}` did not stop cleanly:\n{rest}"
+    assert stopped in rest, f"{block.where}: `{command}` did not stop cleanly:\n{rest}"
 
 
 def run_shell(block: Block, workdir: Path) -> None:
@@ -191,9 +208,11 @@ def run_shell(block: Block, workdir: Path) -> None:
             f"{block.where}: a jobguard block runs only jobguard: {command}"
         )
         args = words[1:]
-        if is_long_running_worker(args):
+        serving = long_running(args) if expected == 0 else None  # `# exit 2` ends at once
+        if serving == "worker":
             run_shell_command(block, command, [*args, "--burst"], workdir, 0)
-            run_until_started_then_sigterm(block, command, args, workdir)
+        if serving is not None:
+            run_until_started_then_sigterm(block, command, args, workdir, serving)
         else:
             run_shell_command(block, command, args, workdir, expected)
 
@@ -394,6 +413,8 @@ def test_documented_cli_options_match_the_commands() -> None:
         "dlq list",
         "dlq show",
         "dlq purge",
+        "exporter",
+        "dashboard",
     }
     for document, target, rows in tables:
         found = command(target)

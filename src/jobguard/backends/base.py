@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 from jobguard.exceptions import JobGuardError
 from jobguard.models import (
     Attempt,
+    AuditEntry,
     BusyReason,
     DeadCode,
     Delivery,
@@ -31,6 +32,8 @@ from jobguard.models import (
     LockGrant,
     Operation,
     Outcome,
+    OutcomeCount,
+    QueueStats,
 )
 
 T = TypeVar("T")
@@ -315,7 +318,45 @@ class AttemptPort(Protocol):
         """Attempts of one job or one operation in order, or the most recent ones."""
 
 
-class Backend(QueuePort, LockPort, OperationPort, AttemptPort, Protocol):
+class InspectPort(Protocol):
+    """Read-mostly views for operators: the dashboard and the metrics exporter.
+
+    Each read is bounded (a limit, or an aggregate over live jobs or recent attempts), so a
+    page or a scrape stays fast on a store with millions of finished jobs.
+    """
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Per queue: ready, scheduled, running and dead jobs, the oldest ready and running.
+
+        Only queues with a live or dead job appear. Reads live jobs (an index) and dead ones.
+        """
+
+    def find_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[Job]:
+        """Newest jobs first matching every filter given, ``limit`` from ``offset``."""
+
+    def outcome_timeline(self, since: float, bucket_s: float, window: int) -> list[OutcomeCount]:
+        """Attempts that ended at or after ``since`` per ``bucket_s`` bucket and outcome.
+
+        Looks only at the ``window`` most recent attempts (by id), so it costs the same on any
+        size of attempt log.
+        """
+
+    def record_audit(self, actor: str, action: str, target: str, detail: str) -> None:
+        """Append an operator action to the audit trail. Atomic: one statement."""
+
+    def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
+        """The most recent operator actions, newest first."""
+
+
+class Backend(QueuePort, LockPort, OperationPort, AttemptPort, InspectPort, Protocol):
     """A store that implements every port. ``close()`` releases its connections.
 
     Attributes:

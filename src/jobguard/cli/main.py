@@ -48,6 +48,8 @@ COMMANDS = {
     "doctor": "jobguard.cli.doctor_cmd:doctor",
     "prune": "jobguard.cli.prune_cmd:prune",
     "migrate": "jobguard.cli.migrate_cmd:migrate",
+    "exporter": "jobguard.cli.exporter_cmd:exporter",
+    "dashboard": "jobguard.cli.dashboard_cmd:dashboard",
 }
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
@@ -56,7 +58,9 @@ SHORT_HELP = {
     "demo": "Run the order-fulfillment demo under injected faults.",
     "dlq": "Inspect, replay and purge the dead letter queue (R7).",
     "doctor": "Find overlaps, tight timeouts, retry spikes and missing traces (R8.2-R8.5).",
+    "dashboard": "Serve the web dashboard (overview, jobs, DLQ, doctor).",
     "enqueue": "Enqueue a job of a registered task.",
+    "exporter": "Serve the store's queue gauges to Prometheus.",
     "jobs": "List jobs, newest first.",
     "migrate": "Apply the store's schema migrations (--dry-run shows the SQL).",
     "prune": "Delete old completed jobs and their attempts (retention).",

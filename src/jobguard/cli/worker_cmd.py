@@ -4,30 +4,36 @@ from __future__ import annotations
 
 import signal
 import threading
-from types import FrameType
 
 import click
 
+from jobguard.app import App
 from jobguard.cli.jobs_cmd import SECONDS
+from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
-from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH, Worker
+from jobguard.hooks import HookChain, Hooks
+from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH
 
 
-def _stop_on_signals(runner: Worker) -> None:
-    """Make SIGTERM/SIGINT a graceful stop for the rest of the process's life.
+def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> str | None:
+    """Add the metrics and JSON-log hooks the options ask for; return the metrics URL."""
+    added: list[Hooks] = []
+    url = None
+    if metrics_port is not None:
+        from jobguard.observability.metrics import MetricsHooks, serve
 
-    ``Worker.run`` installs its own handlers, but only while it runs; a signal that arrives
-    before (while the app and store are being set up) or after (while the process exits) would
-    otherwise kill the process mid-way.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return
+        metrics = MetricsHooks()
+        bound_host, bound_port = serve(metrics.registry, metrics_port, host)
+        url = f"http://{bound_host}:{bound_port}/metrics"
+        added.append(metrics)
+    if log_json:
+        from jobguard.observability.logs import JsonLogHooks, install_json_handler
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        runner.stop()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, stop)
+        install_json_handler()
+        added.append(JsonLogHooks())
+    if added:
+        app.hooks = HookChain(app.hooks, *added)
+    return url
 
 
 @click.command()
@@ -66,6 +72,19 @@ def _stop_on_signals(runner: Worker) -> None:
     type=SECONDS,
     help="Delete completed jobs finished longer ago than this (default: keep them).",
 )
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics endpoint binds to.",
+)
+@click.option("--log-json", is_flag=True, help="Log one JSON line per attempt event on stderr.")
 @click.pass_obj
 def worker(
     state: CliState,
@@ -76,10 +95,14 @@ def worker(
     burst: bool,
     worker_id: str | None,
     retention_s: float | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_json: bool,
 ) -> None:
     """Fetch and run jobs until SIGTERM/SIGINT (graceful) or, with --burst, until idle."""
     app = state.app_with_tasks()
     names = [q.strip() for q in queues.split(",") if q.strip()] or None
+    metrics_url = _observe(app, metrics_port, metrics_host, log_json)
     runner = app.worker(
         names,
         concurrency=concurrency,
@@ -88,7 +111,12 @@ def worker(
         worker_id=worker_id,
         retention_s=retention_s,
     )
-    _stop_on_signals(runner)
+    # For the rest of the process's life: Worker.run installs its own handlers only while it
+    # runs, and a signal before (while the store opens) or after (while the process exits)
+    # would otherwise kill the process mid-way.
+    stop_on_signals(runner.stop)
+    if metrics_url is not None:
+        click.echo(f"metrics at {metrics_url}", err=True)
     # Printed once a signal is handled gracefully, so it also tells scripts "ready".
     click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
     stats = runner.run(burst=burst)

@@ -263,3 +263,44 @@ DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'comple
 -- name: store_clock
 -- The one clock every worker host agrees on: the database server's.
 SELECT extract(epoch FROM clock_timestamp())::float8 AS now;
+
+-- Operator views (dashboard and metrics exporter). Each is bounded: live jobs through the
+-- jobs_ready index, dead jobs through jobs_dead, recent attempts by id.
+
+-- name: queue_backlog
+SELECT queue,
+       count(*) FILTER (WHERE status = 'queued' AND available_at <= %(now)s) AS ready,
+       count(*) FILTER (WHERE status = 'queued' AND available_at > %(now)s) AS scheduled,
+       min(run_at) FILTER (WHERE status = 'queued' AND available_at <= %(now)s) AS oldest_ready_at
+FROM {schema}.jobs WHERE status IN ('queued', 'running') GROUP BY queue;
+
+-- name: queue_running
+SELECT j.queue, count(*) AS running, min(a.started_at) AS oldest_running_since,
+       min(j.visibility_timeout_s) AS shortest_lease_s
+FROM {schema}.jobs j JOIN {schema}.attempts a ON a.lease_token = j.lease_token
+WHERE j.status = 'running' GROUP BY j.queue;
+
+-- name: queue_dead
+SELECT queue, count(*) AS dead FROM {schema}.jobs WHERE status = 'dead' GROUP BY queue;
+
+-- name: find_jobs
+SELECT * FROM {schema}.jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: outcome_timeline
+SELECT floor((ended_at - %(since)s::float8) / %(bucket_s)s::float8)::bigint AS bucket, outcome,
+       count(*) AS n
+FROM {schema}.attempts
+WHERE id > (SELECT coalesce(max(id), 0) FROM {schema}.attempts) - %(window)s::bigint
+  AND ended_at >= %(since)s::float8 AND outcome != 'running'
+GROUP BY bucket, outcome ORDER BY bucket, outcome;
+
+-- name: insert_audit
+INSERT INTO {schema}.audit (at, actor, action, target, detail)
+VALUES (%(now)s, %(actor)s, %(action)s, %(target)s, %(detail)s);
+
+-- name: audit_trail
+SELECT * FROM {schema}.audit ORDER BY id DESC LIMIT %(limit)s;

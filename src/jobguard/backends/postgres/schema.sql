@@ -44,6 +44,8 @@ CREATE INDEX jobs_status ON jobs (status, id);
 CREATE INDEX jobs_operation ON jobs (operation_key) WHERE operation_key IS NOT NULL;
 -- Retention deletes completed jobs oldest first.
 CREATE INDEX jobs_finished ON jobs (finished_at, id) WHERE status = 'completed';
+-- The dead letter queue per queue (the dashboard and the metrics exporter).
+CREATE INDEX jobs_dead ON jobs (queue) WHERE status = 'dead';
 
 CREATE TABLE attempts (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -99,4 +101,14 @@ CREATE TABLE steps (
     fence         bigint,
     created_at    double precision NOT NULL,
     PRIMARY KEY (operation_key, name)
+);
+
+-- The operators' audit trail (replays and purges from the dashboard).
+CREATE TABLE audit (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at      double precision NOT NULL,
+    actor   text NOT NULL,
+    action  text NOT NULL,
+    target  text NOT NULL,
+    detail  text NOT NULL DEFAULT ''
 );

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jobguard.backends.sql.driver import Row
 from jobguard.core.messages import dead_reason
 from jobguard.models import (
     Attempt,
+    AuditEntry,
     DeadCode,
     Delivery,
     Job,
@@ -16,6 +18,7 @@ from jobguard.models import (
     Operation,
     OperationStatus,
     Outcome,
+    QueueStats,
 )
 
 
@@ -113,4 +116,30 @@ def attempt(row: Row) -> Attempt:
         traceback=row["traceback"],
         steps_run=row["steps_run"],
         steps_skipped=row["steps_skipped"],
+    )
+
+
+def queue_stats(queue: str, values: Mapping[str, Any]) -> QueueStats:
+    """The per-queue reads' columns (absent: none of that kind) as :class:`QueueStats`."""
+    return QueueStats(
+        queue=queue,
+        ready=int(values.get("ready") or 0),
+        scheduled=int(values.get("scheduled") or 0),
+        running=int(values.get("running") or 0),
+        dead=int(values.get("dead") or 0),
+        oldest_ready_at=values.get("oldest_ready_at"),
+        oldest_running_since=values.get("oldest_running_since"),
+        shortest_lease_s=values.get("shortest_lease_s"),
+    )
+
+
+def audit_entry(row: Row) -> AuditEntry:
+    """An ``audit`` row as an :class:`AuditEntry`."""
+    return AuditEntry(
+        id=row["id"],
+        at=row["at"],
+        actor=row["actor"],
+        action=row["action"],
+        target=row["target"],
+        detail=row["detail"],
     )

@@ -39,6 +39,7 @@ from jobguard.exceptions import (
 )
 from jobguard.models import (
     Attempt,
+    AuditEntry,
     BusyReason,
     DeadCode,
     Delivery,
@@ -50,6 +51,8 @@ from jobguard.models import (
     Operation,
     OperationStatus,
     Outcome,
+    OutcomeCount,
+    QueueStats,
 )
 
 T = TypeVar("T")
@@ -825,3 +828,64 @@ class SQLStore:
         else:
             found = list(reversed(self._read_all("recent_attempts", {"limit": limit})))
         return [rows.attempt(row) for row in found]
+
+    # -- inspect port (operator views) ----------------------------------------------------------
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Per queue: backlog, running and dead counts, oldest ready and running (three reads)."""
+
+        def op(tx: Tx) -> list[QueueStats]:
+            found: dict[str, dict[str, Any]] = {}
+            now = tx.now()
+            for query in ("queue_backlog", "queue_running", "queue_dead"):
+                for row in tx.all(query, {"now": now}):
+                    values = found.setdefault(row["queue"], {})
+                    for name in _QUEUE_FIELDS.get(query, ()):
+                        values[name] = row[name]
+            return [rows.queue_stats(queue, values) for queue, values in sorted(found.items())]
+
+        return self.driver.read(op)
+
+    def find_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[Job]:
+        """Newest first, every filter given applied."""
+        params = {
+            "status": status.value if status else None,
+            "queue": queue,
+            "task": task,
+            "limit": limit,
+            "offset": offset,
+        }
+        return [rows.job(row) for row in self._read_all("find_jobs", params)]
+
+    def outcome_timeline(self, since: float, bucket_s: float, window: int) -> list[OutcomeCount]:
+        """Recent attempts per time bucket and outcome."""
+        params = {"since": since, "bucket_s": bucket_s, "window": window}
+        return [
+            OutcomeCount(since + row["bucket"] * bucket_s, Outcome(row["outcome"]), int(row["n"]))
+            for row in self._read_all("outcome_timeline", params)
+        ]
+
+    def record_audit(self, actor: str, action: str, target: str, detail: str) -> None:
+        """Append one operator action."""
+        params = {"actor": actor, "action": action, "target": target, "detail": detail}
+        self.driver.write(lambda tx: tx.run("insert_audit", {**params, "now": tx.now()}))
+
+    def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
+        """The most recent operator actions, newest first."""
+        return [rows.audit_entry(row) for row in self._read_all("audit_trail", {"limit": limit})]
+
+
+# Which columns of each per-queue read feed QueueStats.
+_QUEUE_FIELDS = {
+    "queue_backlog": ("ready", "scheduled", "oldest_ready_at"),
+    "queue_running": ("running", "oldest_running_since", "shortest_lease_s"),
+    "queue_dead": ("dead",),
+}

@@ -252,3 +252,42 @@ DELETE FROM attempts WHERE job_id IN (SELECT value FROM json_each(:ids));
 
 -- name: prune_jobs
 DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'completed';
+
+-- Operator views (dashboard and metrics exporter). Each is bounded: live jobs through the
+-- jobs_ready index, dead jobs through jobs_dead, recent attempts by id.
+
+-- name: queue_backlog
+SELECT queue,
+       sum(CASE WHEN status = 'queued' AND available_at <= :now THEN 1 ELSE 0 END) AS ready,
+       sum(CASE WHEN status = 'queued' AND available_at > :now THEN 1 ELSE 0 END) AS scheduled,
+       min(CASE WHEN status = 'queued' AND available_at <= :now THEN run_at END) AS oldest_ready_at
+FROM jobs WHERE status IN ('queued', 'running') GROUP BY queue;
+
+-- name: queue_running
+SELECT j.queue, count(*) AS running, min(a.started_at) AS oldest_running_since,
+       min(j.visibility_timeout_s) AS shortest_lease_s
+FROM jobs j JOIN attempts a ON a.lease_token = j.lease_token
+WHERE j.status = 'running' GROUP BY j.queue;
+
+-- name: queue_dead
+SELECT queue, count(*) AS dead FROM jobs WHERE status = 'dead' GROUP BY queue;
+
+-- name: find_jobs
+SELECT * FROM jobs
+WHERE (:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)
+  AND (:task IS NULL OR task = :task)
+ORDER BY id DESC LIMIT :limit OFFSET :offset;
+
+-- name: outcome_timeline
+SELECT CAST((ended_at - :since) / :bucket_s AS INTEGER) AS bucket, outcome, count(*) AS n
+FROM attempts
+WHERE id > (SELECT coalesce(max(id), 0) FROM attempts) - :window
+  AND ended_at >= :since AND outcome != 'running'
+GROUP BY bucket, outcome ORDER BY bucket, outcome;
+
+-- name: insert_audit
+INSERT INTO audit (at, actor, action, target, detail)
+VALUES (:now, :actor, :action, :target, :detail);
+
+-- name: audit_trail
+SELECT * FROM audit ORDER BY id DESC LIMIT :limit;

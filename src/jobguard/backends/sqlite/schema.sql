@@ -43,6 +43,8 @@ CREATE INDEX IF NOT EXISTS jobs_ready
 CREATE INDEX IF NOT EXISTS jobs_dedup ON jobs (dedup_key, id) WHERE dedup_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, id);
 CREATE INDEX IF NOT EXISTS jobs_operation ON jobs (operation_key) WHERE operation_key IS NOT NULL;
+-- The dead letter queue per queue (the dashboard and the metrics exporter).
+CREATE INDEX IF NOT EXISTS jobs_dead ON jobs (queue) WHERE status = 'dead';
 
 CREATE TABLE IF NOT EXISTS attempts (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -106,4 +108,14 @@ CREATE TABLE IF NOT EXISTS steps (
 CREATE TABLE IF NOT EXISTS jobguard_clock (
     boot_id  TEXT PRIMARY KEY,
     offset_s REAL NOT NULL
+);
+
+-- The operators' audit trail (replays and purges from the dashboard).
+CREATE TABLE IF NOT EXISTS audit (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    at      REAL NOT NULL,
+    actor   TEXT NOT NULL,
+    action  TEXT NOT NULL,
+    target  TEXT NOT NULL,
+    detail  TEXT NOT NULL DEFAULT ''
 );

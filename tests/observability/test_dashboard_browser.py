@@ -1,0 +1,165 @@
+"""The dashboard in a real headless Chromium, driven with selenium.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them); skipped with
+that reason when they are absent. The run writes the screenshots ``docs/dashboard.md`` shows
+into ``docs/images/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobguard import App
+from jobguard.models import JobStatus
+from tests.observability.conftest import APP, Served, kill_a_worker_mid_job, start_cli
+from tests.support.observed_app import make_app
+from tests.support.procs import REPO_ROOT, wait_until
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+from selenium.common.exceptions import WebDriverException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
+)
+IMAGES = REPO_ROOT / "docs" / "images"
+TOKEN = "browser-test-token"
+SCRIPT = "<script>document.title='pwned';window.pwned=1</script>"
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    """Headless Chromium at a fixed window size (so screenshots are comparable)."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1280,900", "--hide-scrollbars"):  # fmt: skip
+        options.add_argument(argument)
+    service = webdriver.ChromeService(executable_path=str(CHROMEDRIVER))
+    try:
+        driver = webdriver.Chrome(options=options, service=service)
+    except WebDriverException as exc:
+        pytest.skip(f"chromium did not start: {exc.msg}")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def submit(driver: WebDriver, element_id: str) -> None:
+    """Click a form's button and wait until the browser has left the page it was on."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    driver.find_element(By.ID, element_id).click()
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(page))
+
+
+def text_of(driver: WebDriver, css: str) -> str:
+    """The visible text of the first element matching ``css``."""
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def test_an_operator_logs_in_watches_a_queue_drain_and_replays_a_dead_job(
+    db_path: Path, served: list[Served], browser: WebDriver
+) -> None:
+    url = f"sqlite:///{db_path}"  # one backend: the HTTP tests cover the pages on every one
+    producer: App = make_app(url)
+    stalled = producer.enqueue("stall", {"n": 1})
+    note = producer.enqueue("note", {"text": SCRIPT})
+    dashboard = start_cli(
+        url,
+        ["--url", url, "dashboard", "--port", "0", "--token", TOKEN],
+        "dashboard at",
+    )
+    served.append(dashboard)
+    base = dashboard.url
+
+    # Log in: any page sends us to the login form first.
+    browser.get(f"{base}/jobs")
+    assert "/login" in browser.current_url
+    browser.find_element(By.ID, "secret").send_keys("not the token")
+    submit(browser, "login")
+    assert browser.find_element(By.ID, "login-failed").is_displayed()
+    browser.find_element(By.ID, "secret").send_keys(TOKEN)
+    submit(browser, "login")
+    assert browser.current_url == f"{base}/jobs"
+
+    # A SIGKILLed delivery: a victim worker leases the stalling job and dies with it.
+    kill_a_worker_mid_job(url, producer, 1)
+
+    # The queue fills...
+    for n in range(24):
+        producer.enqueue("flaky", {"n": n})
+    for n in range(16):
+        producer.enqueue("hold", {"n": n})
+    browser.get(f"{base}/")
+    assert int(text_of(browser, "#queue-default .depth")) == 40
+
+    # ...and drains under a worker that also takes over the killed delivery.
+    worker = start_cli(
+        url,
+        ["--app", APP, "worker", "--queues", "default,crashing", "--concurrency", "4"],
+        "worker ",
+    )
+    served.append(worker)
+
+    def drained() -> bool:
+        counts = producer.counts()
+        return counts[JobStatus.QUEUED] == 1 and counts[JobStatus.RUNNING] == 0  # the note
+
+    wait_until(drained, timeout_s=60)
+    worker.stop()  # a replayed job must stay where the replay put it
+    browser.get(f"{base}/?since=120")
+    assert int(text_of(browser, "#queue-default .depth")) == 0
+    assert int(text_of(browser, "#queue-default .running")) == 0
+    IMAGES.mkdir(exist_ok=True)
+    browser.save_screenshot(str(IMAGES / "dashboard-overview.png"))
+
+    # The killed delivery's job: its timeline shows the lost attempt, then the one that ran.
+    browser.get(f"{base}/jobs/{stalled.id}")
+    outcomes = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#attempts .outcome")]
+    assert outcomes == ["lost", "completed"]
+    assert "victim-1" in text_of(browser, "#attempts")
+    browser.save_screenshot(str(IMAGES / "dashboard-job-timeline.png"))
+
+    # The duration histogram with the visibility timeout and lock TTL drawn across it.
+    browser.get(f"{base}/doctor")
+    histogram = browser.find_element(By.ID, "histogram-hold")
+    assert "visibility timeout 2.0 s" in histogram.text
+    assert "lock TTL 1.5 s" in histogram.text
+    browser.execute_script("arguments[0].scrollIntoView()", histogram)
+    histogram.screenshot(str(IMAGES / "dashboard-histogram.png"))
+
+    # A dead job: a replay whose form lost its CSRF token is refused; with it, it is done.
+    dead = producer.find_jobs(status=JobStatus.DEAD)
+    assert dead
+    target = dead[0].id
+    browser.get(f"{base}/dlq")
+    browser.execute_script("document.querySelectorAll('input[name=csrf]').forEach(e => e.remove())")
+    submit(browser, f"replay-{target}")
+    assert text_of(browser, "#error-status") == "403"
+    assert "CSRF" in text_of(browser, "#error-message")
+    assert producer.get_job(target).status == JobStatus.DEAD
+    browser.get(f"{base}/dlq")
+    submit(browser, f"replay-{target}")
+    assert browser.current_url == f"{base}/jobs/{target}?notice=replayed"
+    assert browser.find_element(By.ID, "notice").is_displayed()
+    assert producer.get_job(target).status == JobStatus.QUEUED
+    browser.get(f"{base}/audit")
+    assert f"job {target}" in text_of(browser, "#audit")
+
+    # Arguments holding a script tag are shown as text and never run.
+    browser.get(f"{base}/jobs/{note.id}")
+    assert SCRIPT in text_of(browser, "#payload")
+    assert browser.execute_script("return window.pwned") is None
+    assert browser.title != "pwned"
+    producer.close()
