@@ -1,0 +1,236 @@
+"""Run the peers beside jobguard: procrastinate (PostgreSQL) and dramatiq (Redis broker).
+
+Each peer's handler inserts the benchmark's business row into the run's PostgreSQL database;
+drain throughput and enqueue-to-handler delay are read back from those rows, the same way as
+for jobguard's full-guard task.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import psycopg
+import redis
+
+from bench import procs
+
+DRAMATIQ_REDIS = "redis://127.0.0.1:6379/13"
+
+
+@dataclass
+class Effects:
+    """What the business rows of one run say."""
+
+    rows: int
+    distinct: int
+    first_start: float
+    last_done: float
+    pickup_ms: list[float]
+
+    @property
+    def span_s(self) -> float:
+        """First handler start to last row written."""
+        return self.last_done - self.first_start
+
+
+def read_effects(rows: list[tuple[float, float, float, int]]) -> Effects:
+    """Summarise ``(enqueued_at, started_at, done_at, n)`` rows."""
+    return Effects(
+        rows=len(rows),
+        distinct=len({row[3] for row in rows}),
+        first_start=min(row[1] for row in rows),
+        last_done=max(row[2] for row in rows),
+        pickup_ms=sorted((row[1] - row[0]) * 1000 for row in rows),
+    )
+
+
+class PeerDatabase:
+    """The run's PostgreSQL database as the peers use it (``bench_effects`` in ``public``)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def reset(self) -> None:
+        """Empty the effect table."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("TRUNCATE bench_effects")
+
+    def count(self) -> int:
+        """Rows written so far."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def effects(self) -> Effects:
+        """The rows written in this run."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT enqueued_at, started_at, done_at, n FROM bench_effects"
+            ).fetchall()
+        return read_effects(found)
+
+
+def load(name: str, url: str) -> ModuleType:
+    """Import (or re-import) a bench app module against the database at ``url``."""
+    os.environ["JOBGUARD_BENCH_URL"] = url
+    os.environ.setdefault("JOBGUARD_BENCH_REDIS", DRAMATIQ_REDIS)
+    return importlib.reload(importlib.import_module(name))
+
+
+def pace(send: Callable[[int], object], rate_per_s: int, seconds: float) -> int:
+    """Call ``send(n)`` at ``rate_per_s`` for ``seconds``; return how many were sent."""
+    interval = 1.0 / rate_per_s
+    count = int(rate_per_s * seconds)
+    next_at = time.perf_counter()
+    for n in range(count):
+        send(n)
+        next_at += interval
+        pause = next_at - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+    return count
+
+
+class Procrastinate:
+    """procrastinate's own worker command, ``--concurrency`` per process."""
+
+    name = "procrastinate"
+
+    def __init__(self, db: PeerDatabase, folder: Path) -> None:
+        self.db = db
+        self.log = folder / "procrastinate.log"
+        self.module = load("bench.peer_procrastinate", db.url)
+        with self.module.app.open():
+            self.module.app.schema_manager.apply_schema()
+
+    def _command(self, concurrency: int, burst: bool) -> list[str]:
+        command = [
+            sys.executable,
+            "-m",
+            "procrastinate",
+            "--app=bench.peer_procrastinate.app",
+            "worker",
+            f"--concurrency={concurrency}",
+            "--queues=bench",
+        ]
+        return [*command, "--one-shot"] if burst else command
+
+    def _clear(self) -> None:
+        self.db.reset()
+        with psycopg.connect(self.db.url, autocommit=True) as conn:
+            conn.execute("DELETE FROM procrastinate_jobs")
+
+    def drain(self, jobs: int, workers: int, concurrency: int) -> tuple[Effects, float]:
+        """Prefill ``jobs``, drain them; return the rows and the wall time from process start."""
+        self._clear()
+        now = time.time()
+        with self.module.app.open():
+            for start in range(0, jobs, 1000):
+                batch = [{"n": n, "t": now} for n in range(start, min(jobs, start + 1000))]
+                self.module.effect.batch_defer(*batch)
+        started = time.time()
+        env = procs.bench_env(JOBGUARD_BENCH_URL=self.db.url)
+        running = procs.start(self._command(concurrency, True), workers, env, self.log)
+        procs.wait_for(lambda: self.db.count() >= jobs, 600, f"{self.name} to drain")
+        procs.stop(running)
+        effects = self.db.effects()
+        return effects, effects.last_done - started
+
+    def pickup(
+        self, workers: int, concurrency: int, rate: int, seconds: float, idle_s: float
+    ) -> tuple[Effects, list[float]]:
+        """Idle CPU of each process, then jobs paced one at a time; the rows they wrote."""
+        self._clear()
+        env = procs.bench_env(JOBGUARD_BENCH_URL=self.db.url)
+        running = procs.start(self._command(concurrency, False), workers, env, self.log)
+        try:
+            time.sleep(2.0)
+            cpu = procs.idle_cpu_percent([p.pid for p in running], idle_s)
+            with self.module.app.open():
+                count = pace(lambda n: self.module.effect.defer(n=n, t=time.time()), rate, seconds)
+            procs.wait_for(lambda: self.db.count() >= count, 60, f"{self.name} paced jobs")
+        finally:
+            procs.stop(running)
+        return self.db.effects(), cpu
+
+
+class Dramatiq:
+    """dramatiq's own command: ``--processes`` x ``--threads``, Redis broker."""
+
+    name = "dramatiq"
+
+    def __init__(self, db: PeerDatabase, folder: Path, redis_url: str) -> None:
+        self.db = db
+        self.log = folder / "dramatiq.log"
+        self.redis_url = redis_url
+        self.redis = redis.Redis.from_url(redis_url)
+        foreign = [
+            key for key in self.redis.scan_iter(count=1000) if not key.startswith(b"dramatiq")
+        ]
+        if foreign:
+            raise SystemExit(
+                f"{redis_url} holds keys that are not dramatiq's ({foreign[0]!r}); "
+                "give the bench a free Redis database with --redis"
+            )
+        self.module = load("bench.peer_dramatiq", db.url)
+
+    def _command(self, workers: int, threads: int) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "bench.peer_dramatiq",
+            "--processes",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--skip-logging",
+        ]
+
+    def _env(self) -> dict[str, str]:
+        return procs.bench_env(JOBGUARD_BENCH_URL=self.db.url, JOBGUARD_BENCH_REDIS=self.redis_url)
+
+    def clear(self) -> None:
+        """Empty the effect table and this bench's Redis database (only that one)."""
+        self.db.reset()
+        self.redis.flushdb()
+
+    def drain(self, jobs: int, workers: int, threads: int) -> tuple[Effects, float]:
+        """Prefill ``jobs``, drain them; return the rows and the wall time from process start."""
+        self.clear()
+        now = time.time()
+        for n in range(jobs):
+            self.module.effect.send(n=n, t=now)
+        started = time.time()
+        master = procs.start(self._command(workers, threads), 1, self._env(), self.log)
+        try:
+            procs.wait_for(lambda: self.db.count() >= jobs, 600, f"{self.name} to drain")
+        finally:
+            procs.stop(master)
+        effects = self.db.effects()
+        return effects, effects.last_done - started
+
+    def pickup(
+        self, workers: int, threads: int, rate: int, seconds: float, idle_s: float
+    ) -> tuple[Effects, list[float]]:
+        """Idle CPU of each worker process, then jobs paced one at a time."""
+        self.clear()
+        master = procs.start(self._command(workers, threads), 1, self._env(), self.log)
+        try:
+            time.sleep(3.0)
+            cpu = procs.idle_cpu_percent(procs.children(master[0].pid), idle_s)
+            count = pace(lambda n: self.module.effect.send(n=n, t=time.time()), rate, seconds)
+            procs.wait_for(lambda: self.db.count() >= count, 60, f"{self.name} paced jobs")
+            effects = self.db.effects()
+        finally:
+            procs.stop(master)
+            self.redis.flushdb()
+        return effects, cpu

@@ -1,0 +1,65 @@
+"""A throw-away PostgreSQL database for one bench run, and the effect table every handler writes.
+
+Each run creates its own database (random name) on the server named by ``JOBGUARD_BENCH_PG``
+(default the local one) and drops it at the end; nothing else on the server is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+ADMIN_URL = os.environ.get("JOBGUARD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+# The business row of the benchmark: the same statement for jobguard's db_step and the peers'
+# handlers. ``enqueued_at``/``started_at``/``done_at`` are the producer's and the handler's
+# time.time() (one host), giving every system's enqueue-to-start and drain span the same way.
+EFFECTS_DDL = (
+    "CREATE TABLE IF NOT EXISTS bench_effects (n integer NOT NULL, enqueued_at double precision "
+    "NOT NULL, started_at double precision NOT NULL, done_at double precision NOT NULL)"
+)
+INSERT_EFFECT_PG = (
+    "INSERT INTO bench_effects (n, enqueued_at, started_at, done_at) VALUES (%s, %s, %s, %s)"
+)
+INSERT_EFFECT_SQLITE = (
+    "INSERT INTO bench_effects (n, enqueued_at, started_at, done_at) VALUES (?, ?, ?, ?)"
+)
+
+
+def with_database(url: str, database: str) -> str:
+    """``url`` pointing at another database of the same server."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
+
+
+@contextmanager
+def scratch_database() -> Iterator[str]:
+    """Create a database for this run, yield its URL, drop it afterwards."""
+    name = f"jobguard_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = with_database(ADMIN_URL, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(EFFECTS_DDL)
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def server_settings(url: str) -> str:
+    """The server's version and the settings that decide commit cost."""
+    with psycopg.connect(url) as conn:
+        shown = [
+            str(conn.execute(f"SHOW {name}").fetchall()[0][0])
+            for name in ("server_version", "synchronous_commit", "fsync")
+        ]
+    return f"PostgreSQL {shown[0]}, synchronous_commit={shown[1]}, fsync={shown[2]}"
