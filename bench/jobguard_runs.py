@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import procs
-from bench.peers import Effects, load, pace, read_effects
+from bench.measure import EFFECT_ROWS, Effects, Sent, load, pace, read_effects
 from bench.stores import BenchStore
 
 QUEUE_OF = {"plain": "plain", "full": "full"}
@@ -25,9 +25,10 @@ class Drained:
 
 @dataclass
 class Paced:
-    """One paced run: enqueue-to-lease delays, the rows (full guard), idle CPU per process."""
+    """One paced run: the enqueues, first deliveries, the rows (full guard), idle CPU."""
 
-    lease_ms: list[float]
+    sent: Sent
+    leased: dict[int, float]
     effects: Effects | None
     idle_cpu: list[float]
 
@@ -45,9 +46,7 @@ class JobguardRuns:
         return BenchStore(self.kind, self.database_url, self.folder, label)
 
     def _effects(self, store: BenchStore) -> Effects:
-        return read_effects(
-            store.rows("SELECT enqueued_at, started_at, done_at, n FROM bench_effects")
-        )
+        return read_effects(store.rows(EFFECT_ROWS))
 
     def drain(self, mode: str, jobs: int, workers: int, concurrency: int) -> Drained:
         """Prefill ``jobs`` jobs, drain them with burst workers."""
@@ -97,12 +96,13 @@ class JobguardRuns:
             time.sleep(2.0)  # start-up: imports, connections, the first idle wait
             cpu = procs.idle_cpu_percent([p.pid for p in running], idle_s)
             if mode == "plain":
-                count = pace(lambda n: module.noop.enqueue(n=n), rate, seconds)
+                sent = pace(lambda n: module.noop.enqueue(n=n), rate, seconds)
             else:
-                count = pace(lambda n: module.full.enqueue(n=n, t=time.time()), rate, seconds)
+                sent = pace(lambda n: module.full.enqueue(n=n, t=time.time()), rate, seconds)
+            count = len(sent.called)
             procs.wait_for(lambda: store.completed() >= count, 60, "paced jobs to complete")
         finally:
             procs.stop(running)
             module.app.close()
         effects = self._effects(store) if mode == "full" else None
-        return Paced(store.pickup_ms(), effects, cpu)
+        return Paced(sent, store.leased(), effects, cpu)

@@ -7,48 +7,18 @@ for jobguard's full-guard task.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import psycopg
 import redis
 
 from bench import procs
+from bench.measure import EFFECT_ROWS, Effects, Sent, load, pace, read_effects
 
 DRAMATIQ_REDIS = "redis://127.0.0.1:6379/13"
-
-
-@dataclass
-class Effects:
-    """What the business rows of one run say."""
-
-    rows: int
-    distinct: int
-    first_start: float
-    last_done: float
-    pickup_ms: list[float]
-
-    @property
-    def span_s(self) -> float:
-        """First handler start to last row written."""
-        return self.last_done - self.first_start
-
-
-def read_effects(rows: list[tuple[float, float, float, int]]) -> Effects:
-    """Summarise ``(enqueued_at, started_at, done_at, n)`` rows."""
-    return Effects(
-        rows=len(rows),
-        distinct=len({row[3] for row in rows}),
-        first_start=min(row[1] for row in rows),
-        last_done=max(row[2] for row in rows),
-        pickup_ms=sorted((row[1] - row[0]) * 1000 for row in rows),
-    )
 
 
 class PeerDatabase:
@@ -72,31 +42,7 @@ class PeerDatabase:
     def effects(self) -> Effects:
         """The rows written in this run."""
         with psycopg.connect(self.url, autocommit=True) as conn:
-            found = conn.execute(
-                "SELECT enqueued_at, started_at, done_at, n FROM bench_effects"
-            ).fetchall()
-        return read_effects(found)
-
-
-def load(name: str, url: str) -> ModuleType:
-    """Import (or re-import) a bench app module against the database at ``url``."""
-    os.environ["JOBGUARD_BENCH_URL"] = url
-    os.environ.setdefault("JOBGUARD_BENCH_REDIS", DRAMATIQ_REDIS)
-    return importlib.reload(importlib.import_module(name))
-
-
-def pace(send: Callable[[int], object], rate_per_s: int, seconds: float) -> int:
-    """Call ``send(n)`` at ``rate_per_s`` for ``seconds``; return how many were sent."""
-    interval = 1.0 / rate_per_s
-    count = int(rate_per_s * seconds)
-    next_at = time.perf_counter()
-    for n in range(count):
-        send(n)
-        next_at += interval
-        pause = next_at - time.perf_counter()
-        if pause > 0:
-            time.sleep(pause)
-    return count
+            return read_effects(conn.execute(EFFECT_ROWS).fetchall())
 
 
 class Procrastinate:
@@ -117,6 +63,7 @@ class Procrastinate:
             "-m",
             "procrastinate",
             "--app=bench.peer_procrastinate.app",
+            "--log-level=warning",  # no line per job: jobguard logs none either
             "worker",
             f"--concurrency={concurrency}",
             "--queues=bench",
@@ -146,7 +93,7 @@ class Procrastinate:
 
     def pickup(
         self, workers: int, concurrency: int, rate: int, seconds: float, idle_s: float
-    ) -> tuple[Effects, list[float]]:
+    ) -> tuple[Effects, Sent, list[float]]:
         """Idle CPU of each process, then jobs paced one at a time; the rows they wrote."""
         self._clear()
         env = procs.bench_env(JOBGUARD_BENCH_URL=self.db.url)
@@ -155,11 +102,12 @@ class Procrastinate:
             time.sleep(2.0)
             cpu = procs.idle_cpu_percent([p.pid for p in running], idle_s)
             with self.module.app.open():
-                count = pace(lambda n: self.module.effect.defer(n=n, t=time.time()), rate, seconds)
+                sent = pace(lambda n: self.module.effect.defer(n=n, t=time.time()), rate, seconds)
+            count = len(sent.called)
             procs.wait_for(lambda: self.db.count() >= count, 60, f"{self.name} paced jobs")
         finally:
             procs.stop(running)
-        return self.db.effects(), cpu
+        return self.db.effects(), sent, cpu
 
 
 class Dramatiq:
@@ -180,6 +128,7 @@ class Dramatiq:
                 f"{redis_url} holds keys that are not dramatiq's ({foreign[0]!r}); "
                 "give the bench a free Redis database with --redis"
             )
+        os.environ["JOBGUARD_BENCH_REDIS"] = redis_url
         self.module = load("bench.peer_dramatiq", db.url)
 
     def _command(self, workers: int, threads: int) -> list[str]:
@@ -220,17 +169,18 @@ class Dramatiq:
 
     def pickup(
         self, workers: int, threads: int, rate: int, seconds: float, idle_s: float
-    ) -> tuple[Effects, list[float]]:
+    ) -> tuple[Effects, Sent, list[float]]:
         """Idle CPU of each worker process, then jobs paced one at a time."""
         self.clear()
         master = procs.start(self._command(workers, threads), 1, self._env(), self.log)
         try:
             time.sleep(3.0)
             cpu = procs.idle_cpu_percent(procs.children(master[0].pid), idle_s)
-            count = pace(lambda n: self.module.effect.send(n=n, t=time.time()), rate, seconds)
+            sent = pace(lambda n: self.module.effect.send(n=n, t=time.time()), rate, seconds)
+            count = len(sent.called)
             procs.wait_for(lambda: self.db.count() >= count, 60, f"{self.name} paced jobs")
             effects = self.db.effects()
         finally:
             procs.stop(master)
             self.redis.flushdb()
-        return effects, cpu
+        return effects, sent, cpu

@@ -7,6 +7,7 @@ task writes, next to jobguard's own tables.
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 from pathlib import Path
@@ -62,10 +63,10 @@ class BenchStore:
         first, last = self.rows("SELECT min(started_at), max(ended_at) FROM attempts")[0]
         return float(last - first)
 
-    def pickup_ms(self) -> list[float]:
-        """Each job's enqueue-to-delivery delay (store clock: created_at to first lease)."""
+    def leased(self) -> dict[int, float]:
+        """Job number (the payload's ``n``) -> its first delivery (store clock)."""
         found = self.rows(
-            "SELECT j.created_at, min(a.started_at) FROM jobs j "
-            "JOIN attempts a ON a.job_id = j.id GROUP BY j.id, j.created_at"
+            "SELECT j.payload, min(a.started_at) FROM jobs j "
+            "JOIN attempts a ON a.job_id = j.id GROUP BY j.id, j.payload"
         )
-        return sorted((started - created) * 1000 for created, started in found)
+        return {json.loads(payload)["n"]: float(started) for payload, started in found}
