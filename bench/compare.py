@@ -14,6 +14,11 @@ handler that inserts the same row into PostgreSQL. For every system:
 
 * drain: a prefilled queue is drained; jobs/s over the span from the first handler start to the
   last business row (plain jobs write no row: first delivery to last finish in the attempt log);
+  wall time from the start of the worker processes; and the CPU the drain cost per job, read
+  from /proc once every job is done: the worker processes (start-up included), the PostgreSQL
+  server processes of their connections, and for dramatiq the Redis server (which serves
+  anyone else using it at the time too). CPU per job does not depend on how busy the machine
+  is, jobs/s does;
 * pickup: idle workers' CPU (from /proc, % of one core per process) over a quiet period, then
   jobs enqueued one at a time at ``--rate`` per second; p50/p99 in ms from the return of the
   producer's enqueue call (the job is committed) to the job's first lease (jobguard's attempt
@@ -40,7 +45,7 @@ from pathlib import Path
 from typing import TextIO
 
 from bench.jobguard_runs import JobguardRuns
-from bench.measure import Effects, Sent
+from bench.measure import Cpu, Effects, Sent
 from bench.peers import DRAMATIQ_REDIS, Dramatiq, PeerDatabase, Procrastinate
 from bench.pgdb import scratch_database, server_settings
 from jobguard.diagnostics.durations import percentile
@@ -74,6 +79,7 @@ class Line:
     handler_ms: list[float] | None
     call_ms: list[float]
     idle_cpu: list[float]
+    cpu_ms: str
 
 
 def p50_p99(delays: list[float] | None) -> str:
@@ -89,13 +95,15 @@ def render(line: Line) -> str:
     return (
         f"{line.system:22s} {line.store:10s} {line.shape:6s} {line.job:5s} "
         f"{line.jobs_per_s:8.0f} {line.wall_s:7.2f}  {p50_p99(line.lease_ms):>13s}  "
-        f"{p50_p99(line.handler_ms):>13s}  {p50_p99(line.call_ms):>13s}  {cpu}"
+        f"{p50_p99(line.handler_ms):>13s}  {p50_p99(line.call_ms):>13s}  {cpu:9s}  "
+        f"{line.cpu_ms}"
     )
 
 
 HEADER = (
     f"{'system':22s} {'store':10s} {'shape':6s} {'job':5s} {'jobs/s':>8s} {'wall s':>7s}  "
-    f"{'to lease ms':>13s}  {'to handler ms':>13s}  {'enqueue ms':>13s}  idle CPU %/process"
+    f"{'to lease ms':>13s}  {'to handler ms':>13s}  {'enqueue ms':>13s}  idle CPU%  "
+    "drain CPU ms/job (workers + PostgreSQL [+ Redis])"
 )
 
 
@@ -129,6 +137,7 @@ def jobguard_lines(
                 paced.sent.delay_ms(paced.effects.started) if paced.effects else None,
                 paced.sent.call_ms(),
                 paced.idle_cpu,
+                drained.cpu.per_job_ms(drained.jobs),
             )
             say(render(line))
             found.append(line)
@@ -139,11 +148,11 @@ def peer_line(
     name: str,
     store: str,
     shape: str,
-    drained: tuple[Effects, float],
+    drained: tuple[Effects, float, Cpu],
     paced: tuple[Effects, Sent, list[float]],
 ) -> Line:
     """A peer's row."""
-    effects, wall_s = drained
+    effects, wall_s, used = drained
     rows, sent, cpu = paced
     return Line(
         f"{name} {version(name)}",
@@ -156,6 +165,7 @@ def peer_line(
         sent.delay_ms(rows.started),
         sent.call_ms(),
         cpu,
+        used.per_job_ms(effects.rows),
     )
 
 

@@ -97,10 +97,13 @@ def main() -> None:
             f"{platform.python_version()}; {server_settings(database_url)}; load average at start "
             f"{os.getloadavg()[0]:.1f}"
         )
-        needed = (max(batches) + 1) * (args.fetches + 1)
-        shallow, _ = fresh_store(database_url, needed * len(batches), analyse=True)
-        deep, load_s = fresh_store(database_url, args.depth + needed * len(batches), True)
-        say(f"loaded {args.depth:,} queued jobs (+ those leased) in {load_s:.1f} s, analysed")
+        needed = sum(batch * (args.fetches + 1) for batch in batches)  # warm-up fetches too
+        shallow, _ = fresh_store(database_url, needed, analyse=True)
+        deep, load_s = fresh_store(database_url, args.depth + needed, analyse=True)
+        say(
+            f"near-empty queue: the {needed:,} jobs the fetches lease; deep queue: "
+            f"{args.depth:,} more, loaded in {load_s:.1f} s and analysed"
+        )
         empty, _ = fresh_store(database_url, 0, analyse=True)
         took = time_fetches(empty, batches[0], args.fetches, expect=0)
         say(f"empty queue (nothing to lease): p50 {percentile(took, 50):.2f} ms")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import procs
-from bench.measure import EFFECT_ROWS, Effects, Sent, load, pace, read_effects
+from bench.measure import EFFECT_ROWS, Cpu, Effects, Sent, load, pace, read_effects
 from bench.stores import BenchStore
 
 QUEUE_OF = {"plain": "plain", "full": "full"}
@@ -21,6 +21,7 @@ class Drained:
     attempt_span_s: float
     wall_s: float
     effects: Effects | None
+    cpu: Cpu
 
 
 @dataclass
@@ -49,7 +50,7 @@ class JobguardRuns:
         return read_effects(store.rows(EFFECT_ROWS))
 
     def drain(self, mode: str, jobs: int, workers: int, concurrency: int) -> Drained:
-        """Prefill ``jobs`` jobs, drain them with burst workers."""
+        """Prefill ``jobs`` jobs, start the workers, stop them once every job completed."""
         store = self._store(f"drain_{mode}_{concurrency}")
         module = load("bench.apps", store.url)
         now = time.time()
@@ -62,11 +63,14 @@ class JobguardRuns:
         module.app.close()
         started = time.time()
         env = procs.bench_env(JOBGUARD_BENCH_URL=store.url)
-        command = procs.jobguard_command(QUEUE_OF[mode], concurrency, burst=True)
-        workers_running = procs.start(command, workers, env, self.log)
-        for proc in workers_running:
-            proc.wait()
-        ended = time.time()
+        command = procs.jobguard_command(QUEUE_OF[mode], concurrency, burst=False)
+        running = procs.start(command, workers, env, self.log)
+        try:
+            procs.wait_for(lambda: store.completed() >= jobs, 600, "the drain")
+            database = store.database_url if self.kind == "postgres" else None
+            cpu = procs.drain_cpu([p.pid for p in running], database)
+        finally:
+            procs.stop(running)
         done = store.completed()
         if done != jobs:
             raise SystemExit(f"jobguard {self.kind} {mode}: only {done} of {jobs} jobs completed")
@@ -75,7 +79,8 @@ class JobguardRuns:
             effects = self._effects(store)
             if effects.rows != jobs or effects.distinct != jobs:
                 raise SystemExit(f"{effects.rows} business rows ({effects.distinct} distinct)")
-        return Drained(jobs, store.attempt_span(), ended - started, effects)
+        ended = float(store.scalar("SELECT max(ended_at) FROM attempts"))
+        return Drained(jobs, store.attempt_span(), ended - started, effects, cpu)
 
     def pickup(
         self,

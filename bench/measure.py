@@ -37,6 +37,23 @@ def read_effects(rows: Iterable[tuple[int, float, float]]) -> Effects:
     return Effects(count, len(started), min(started.values()), last_done, started)
 
 
+@dataclass
+class Cpu:
+    """CPU seconds a drain cost: the worker processes (start-up included), the database's
+    server processes serving their connections, and the Redis server (dramatiq's broker)."""
+
+    workers_s: float
+    database_s: float
+    broker_s: float = 0.0
+
+    def per_job_ms(self, jobs: int) -> str:
+        """``workers + database (+ broker)`` in ms per job."""
+        text = f"{self.workers_s / jobs * 1000:.2f} + {self.database_s / jobs * 1000:.2f}"
+        if self.broker_s:
+            text += f" + {self.broker_s / jobs * 1000:.2f}"
+        return text
+
+
 EFFECT_ROWS = "SELECT n, started_at, done_at FROM bench_effects"
 
 

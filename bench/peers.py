@@ -16,7 +16,7 @@ import psycopg
 import redis
 
 from bench import procs
-from bench.measure import EFFECT_ROWS, Effects, Sent, load, pace, read_effects
+from bench.measure import EFFECT_ROWS, Cpu, Effects, Sent, load, pace, read_effects
 
 DRAMATIQ_REDIS = "redis://127.0.0.1:6379/13"
 
@@ -57,8 +57,8 @@ class Procrastinate:
         with self.module.app.open():
             self.module.app.schema_manager.apply_schema()
 
-    def _command(self, concurrency: int, burst: bool) -> list[str]:
-        command = [
+    def _command(self, concurrency: int) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "procrastinate",
@@ -68,15 +68,14 @@ class Procrastinate:
             f"--concurrency={concurrency}",
             "--queues=bench",
         ]
-        return [*command, "--one-shot"] if burst else command
 
     def _clear(self) -> None:
         self.db.reset()
         with psycopg.connect(self.db.url, autocommit=True) as conn:
             conn.execute("DELETE FROM procrastinate_jobs")
 
-    def drain(self, jobs: int, workers: int, concurrency: int) -> tuple[Effects, float]:
-        """Prefill ``jobs``, drain them; return the rows and the wall time from process start."""
+    def drain(self, jobs: int, workers: int, concurrency: int) -> tuple[Effects, float, Cpu]:
+        """Prefill ``jobs``, drain them; the rows, the wall time from process start, the CPU."""
         self._clear()
         now = time.time()
         with self.module.app.open():
@@ -85,11 +84,14 @@ class Procrastinate:
                 self.module.effect.batch_defer(*batch)
         started = time.time()
         env = procs.bench_env(JOBGUARD_BENCH_URL=self.db.url)
-        running = procs.start(self._command(concurrency, True), workers, env, self.log)
-        procs.wait_for(lambda: self.db.count() >= jobs, 600, f"{self.name} to drain")
-        procs.stop(running)
+        running = procs.start(self._command(concurrency), workers, env, self.log)
+        try:
+            procs.wait_for(lambda: self.db.count() >= jobs, 600, f"{self.name} to drain")
+            cpu = procs.drain_cpu([p.pid for p in running], self.db.url)
+        finally:
+            procs.stop(running)
         effects = self.db.effects()
-        return effects, effects.last_done - started
+        return effects, effects.last_done - started, cpu
 
     def pickup(
         self, workers: int, concurrency: int, rate: int, seconds: float, idle_s: float
@@ -97,7 +99,7 @@ class Procrastinate:
         """Idle CPU of each process, then jobs paced one at a time; the rows they wrote."""
         self._clear()
         env = procs.bench_env(JOBGUARD_BENCH_URL=self.db.url)
-        running = procs.start(self._command(concurrency, False), workers, env, self.log)
+        running = procs.start(self._command(concurrency), workers, env, self.log)
         try:
             time.sleep(2.0)
             cpu = procs.idle_cpu_percent([p.pid for p in running], idle_s)
@@ -152,20 +154,23 @@ class Dramatiq:
         self.db.reset()
         self.redis.flushdb()
 
-    def drain(self, jobs: int, workers: int, threads: int) -> tuple[Effects, float]:
-        """Prefill ``jobs``, drain them; return the rows and the wall time from process start."""
+    def drain(self, jobs: int, workers: int, threads: int) -> tuple[Effects, float, Cpu]:
+        """Prefill ``jobs``, drain them; the rows, the wall time from process start, the CPU."""
         self.clear()
         now = time.time()
         for n in range(jobs):
             self.module.effect.send(n=n, t=now)
+        server = procs.redis_server_pid()
+        broker_before = procs.cpu_seconds(server) if server else None
         started = time.time()
         master = procs.start(self._command(workers, threads), 1, self._env(), self.log)
         try:
             procs.wait_for(lambda: self.db.count() >= jobs, 600, f"{self.name} to drain")
+            cpu = procs.drain_cpu([master[0].pid], self.db.url, broker_before)
         finally:
             procs.stop(master)
         effects = self.db.effects()
-        return effects, effects.last_done - started
+        return effects, effects.last_done - started, cpu
 
     def pickup(
         self, workers: int, threads: int, rate: int, seconds: float, idle_s: float

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.measure import Cpu
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -61,12 +63,15 @@ def stop(procs: Sequence[subprocess.Popen[bytes]], sig: int = signal.SIGTERM) ->
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``condition`` every 20 ms until true; fail the bench after ``timeout_s``."""
+    """Poll ``condition`` every 50 ms until true; fail the bench after ``timeout_s``.
+
+    Nothing is timed by this poll: the figures come from the rows' own timestamps.
+    """
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(0.05)
 
 
 def children(pid: int) -> list[int]:
@@ -91,3 +96,64 @@ def idle_cpu_percent(pids: Sequence[int], seconds: float) -> list[float]:
     time.sleep(seconds)
     after = [cpu_seconds(pid) for pid in pids]
     return [100.0 * (b - a) / seconds for a, b in zip(before, after, strict=True)]
+
+
+def tree(pids: Sequence[int]) -> list[int]:
+    """``pids`` and all their descendants (alive now)."""
+    found: list[int] = []
+    pending = list(pids)
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        try:
+            pending.extend(children(pid))
+        except OSError:
+            continue  # exited meanwhile
+    return found
+
+
+def database_backends(database_url: str) -> list[int]:
+    """Server processes of every other connection to the database at ``database_url``."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [int(row[0]) for row in found]
+
+
+def total_cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds used so far by ``pids`` together (those that exited count 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue
+    return total
+
+
+def redis_server_pid() -> int | None:
+    """The local redis-server's process id, if one runs."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "redis-server":
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def drain_cpu(
+    workers: Sequence[int], database_url: str | None, broker_before: float | None = None
+) -> Cpu:
+    """What the drain cost so far: ``workers`` (and their children), the database's backends,
+    and the Redis server since it used ``broker_before`` CPU seconds."""
+    database_s = total_cpu_s(database_backends(database_url)) if database_url else 0.0
+    broker_s = 0.0
+    if broker_before is not None and (pid := redis_server_pid()) is not None:
+        broker_s = cpu_seconds(pid) - broker_before
+    return Cpu(total_cpu_s(tree(workers)), database_s, broker_s)
