@@ -39,17 +39,22 @@ import platform
 import sqlite3
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib.metadata import version
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
+
+import psycopg
 
 from bench.jobguard_runs import JobguardRuns
 from bench.measure import Cpu, Effects, Sent
 from bench.peers import DRAMATIQ_REDIS, Dramatiq, PeerDatabase, Procrastinate
-from bench.pgdb import scratch_database, server_settings
+from bench.pgdb import scratch_database, server_settings, server_started, wait_for_server
 from jobguard.diagnostics.durations import percentile
 
+T = TypeVar("T")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -107,6 +112,28 @@ HEADER = (
 )
 
 
+def again(say: Tee, what: str, measure: Callable[[], T]) -> T:
+    """Run one measurement; run it again if PostgreSQL restarted meanwhile.
+
+    The server is shared with other work on the machine, which may restart it; a measurement
+    it fell into is thrown away (and said so in the output), never mixed into the figures.
+    """
+    for attempt in range(3):
+        wait_for_server()
+        started = server_started()
+        try:
+            result = measure()
+        except (psycopg.OperationalError, SystemExit) as exc:
+            if attempt == 2:
+                raise
+            say(f"  ({what}: {str(exc).strip().splitlines()[-1][:90]}; measuring again)")
+            continue
+        if server_started() == started:
+            return result
+        say(f"  ({what}: PostgreSQL restarted during the measurement; measuring again)")
+    raise SystemExit(f"{what}: PostgreSQL kept restarting")
+
+
 def jobguard_lines(
     runs: JobguardRuns, args: argparse.Namespace, say: Tee, store: str
 ) -> list[Line]:
@@ -114,10 +141,14 @@ def jobguard_lines(
     found: list[Line] = []
     for concurrency in args.concurrency:
         for mode in ("plain", "full"):
-            drained = runs.drain(mode, args.jobs, args.workers, concurrency)
-            paced = runs.pickup(
-                mode, args.workers, concurrency, args.rate, args.seconds, args.idle_s
+            what = f"jobguard {store} {mode} 2x{concurrency}"
+            drained = again(
+                say, what, partial(runs.drain, mode, args.jobs, args.workers, concurrency)
             )
+            pickup = partial(
+                runs.pickup, mode, args.workers, concurrency, args.rate, args.seconds, args.idle_s
+            )
+            paced = again(say, what, pickup)
             rate = drained.jobs / drained.attempt_span_s
             effects = drained.effects
             if effects is not None:
@@ -262,13 +293,23 @@ def main() -> None:
                 db = PeerDatabase(database_url)
                 shape = f"{args.workers}x4"
                 peer = Procrastinate(db, folder)
-                drained = peer.drain(args.jobs, args.workers, 4)
-                paced = peer.pickup(args.workers, 4, args.rate, args.seconds, args.idle_s)
+                drained = again(
+                    say, "procrastinate", lambda: peer.drain(args.jobs, args.workers, 4)
+                )
+                paced = again(
+                    say,
+                    "procrastinate",
+                    lambda: peer.pickup(args.workers, 4, args.rate, args.seconds, args.idle_s),
+                )
                 lines.append(peer_line("procrastinate", "PostgreSQL", shape, drained, paced))
                 say(render(lines[-1]))
                 broker = Dramatiq(db, folder, args.redis)
-                drained = broker.drain(args.jobs, args.workers, 4)
-                paced = broker.pickup(args.workers, 4, args.rate, args.seconds, args.idle_s)
+                drained = again(say, "dramatiq", lambda: broker.drain(args.jobs, args.workers, 4))
+                paced = again(
+                    say,
+                    "dramatiq",
+                    lambda: broker.pickup(args.workers, 4, args.rate, args.seconds, args.idle_s),
+                )
                 lines.append(peer_line("dramatiq", "Redis", shape, drained, paced))
                 say(render(lines[-1]))
             verdicts(lines, args, say)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -49,10 +50,30 @@ def scratch_database() -> Iterator[str]:
             conn.execute(EFFECTS_DDL)
         yield url
     finally:
+        wait_for_server()
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+def server_started() -> object:
+    """When the server last started (changes if it restarts)."""
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        return conn.execute("SELECT pg_postmaster_start_time()").fetchall()[0][0]
+
+
+def wait_for_server(timeout_s: float = 120.0) -> None:
+    """Wait until the server accepts connections (it may be restarting)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            server_started()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def server_settings(url: str) -> str:
