@@ -53,6 +53,7 @@ from bench.measure import Cpu, Effects, Sent
 from bench.peers import DRAMATIQ_REDIS, Dramatiq, PeerDatabase, Procrastinate
 from bench.pgdb import scratch_database, server_settings, server_started, wait_for_server
 from jobguard.diagnostics.durations import percentile
+from jobguard.exceptions import JobGuardError
 
 T = TypeVar("T")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -123,7 +124,7 @@ def again(say: Tee, what: str, measure: Callable[[], T]) -> T:
         started = server_started()
         try:
             result = measure()
-        except (psycopg.OperationalError, SystemExit) as exc:
+        except (psycopg.Error, JobGuardError, SystemExit) as exc:
             if attempt == 2:
                 raise
             say(f"  ({what}: {str(exc).strip().splitlines()[-1][:90]}; measuring again)")
