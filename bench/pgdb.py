@@ -57,23 +57,22 @@ def scratch_database() -> Iterator[str]:
             )
 
 
-def server_started() -> object:
-    """When the server last started (changes if it restarts)."""
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        return conn.execute("SELECT pg_postmaster_start_time()").fetchall()[0][0]
-
-
-def wait_for_server(timeout_s: float = 120.0) -> None:
-    """Wait until the server accepts connections (it may be restarting)."""
+def server_started(timeout_s: float = 120.0) -> object:
+    """When the server last started (changes if it restarts); waits while it is down."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            server_started()
-            return
+            with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+                return conn.execute("SELECT pg_postmaster_start_time()").fetchall()[0][0]
         except psycopg.OperationalError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def wait_for_server() -> None:
+    """Wait until the server accepts connections (it may be restarting)."""
+    server_started()
 
 
 def server_settings(url: str) -> str:
