@@ -23,12 +23,13 @@ import platform
 import secrets
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
-from bench.compare import RESULTS, Tee
+from bench.compare import RESULTS, Tee, again
 from bench.pgdb import scratch_database, server_settings
 from jobguard.backends import migrate_store
 from jobguard.backends.postgres import PostgresBackend
@@ -79,6 +80,30 @@ def time_fetches(url: str, batch: int, fetches: int, expect: int | None = None) 
         backend.close()
 
 
+def measure(database_url: str, args: argparse.Namespace, batches: list[int], say: Tee) -> None:
+    """Load the stores, time the fetches, print the figures."""
+    needed = sum(batch * (args.fetches + 1) for batch in batches)  # warm-up fetches too
+    shallow, _ = fresh_store(database_url, needed, analyse=True)
+    deep, load_s = fresh_store(database_url, args.depth + needed, analyse=True)
+    say(
+        f"near-empty queue: the {needed:,} jobs the fetches lease; deep queue: "
+        f"{args.depth:,} more, loaded in {load_s:.1f} s and analysed"
+    )
+    empty, _ = fresh_store(database_url, 0, analyse=True)
+    took = time_fetches(empty, batches[0], args.fetches, expect=0)
+    say(f"empty queue (nothing to lease): p50 {percentile(took, 50):.2f} ms")
+    for batch in batches:
+        base = time_fetches(shallow, batch, args.fetches)
+        loaded = time_fetches(deep, batch, args.fetches)
+        ratio = percentile(loaded, 50) / percentile(base, 50)
+        say(
+            f"lease {batch:3d} per fetch: near-empty queue p50 {percentile(base, 50):6.2f} "
+            f"p95 {percentile(base, 95):6.2f} ms; {args.depth:,} queued p50 "
+            f"{percentile(loaded, 50):6.2f} p95 {percentile(loaded, 95):6.2f} ms; "
+            f"ratio {ratio:.2f}x (target <= 2x: {'met' if ratio <= 2 else 'missed'})"
+        )
+
+
 def main() -> None:
     """Load, fetch, print."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -97,26 +122,7 @@ def main() -> None:
             f"{platform.python_version()}; {server_settings(database_url)}; load average at start "
             f"{os.getloadavg()[0]:.1f}"
         )
-        needed = sum(batch * (args.fetches + 1) for batch in batches)  # warm-up fetches too
-        shallow, _ = fresh_store(database_url, needed, analyse=True)
-        deep, load_s = fresh_store(database_url, args.depth + needed, analyse=True)
-        say(
-            f"near-empty queue: the {needed:,} jobs the fetches lease; deep queue: "
-            f"{args.depth:,} more, loaded in {load_s:.1f} s and analysed"
-        )
-        empty, _ = fresh_store(database_url, 0, analyse=True)
-        took = time_fetches(empty, batches[0], args.fetches, expect=0)
-        say(f"empty queue (nothing to lease): p50 {percentile(took, 50):.2f} ms")
-        for batch in batches:
-            base = time_fetches(shallow, batch, args.fetches)
-            loaded = time_fetches(deep, batch, args.fetches)
-            ratio = percentile(loaded, 50) / percentile(base, 50)
-            say(
-                f"lease {batch:3d} per fetch: near-empty queue p50 {percentile(base, 50):6.2f} "
-                f"p95 {percentile(base, 95):6.2f} ms; {args.depth:,} queued p50 "
-                f"{percentile(loaded, 50):6.2f} p95 {percentile(loaded, 95):6.2f} ms; "
-                f"ratio {ratio:.2f}x (target <= 2x: {'met' if ratio <= 2 else 'missed'})"
-            )
+        again(say, "fetch depth", partial(measure, database_url, args, batches, say))
         say()
 
 
