@@ -292,27 +292,16 @@ def main() -> None:
                 lines += jobguard_lines(runs, args, say, names[kind])
             if args.peers:
                 db = PeerDatabase(database_url)
-                shape = f"{args.workers}x4"
-                peer = Procrastinate(db, folder)
-                drained = again(
-                    say, "procrastinate", lambda: peer.drain(args.jobs, args.workers, 4)
-                )
-                paced = again(
-                    say,
-                    "procrastinate",
-                    lambda: peer.pickup(args.workers, 4, args.rate, args.seconds, args.idle_s),
-                )
-                lines.append(peer_line("procrastinate", "PostgreSQL", shape, drained, paced))
-                say(render(lines[-1]))
-                broker = Dramatiq(db, folder, args.redis)
-                drained = again(say, "dramatiq", lambda: broker.drain(args.jobs, args.workers, 4))
-                paced = again(
-                    say,
-                    "dramatiq",
-                    lambda: broker.pickup(args.workers, 4, args.rate, args.seconds, args.idle_s),
-                )
-                lines.append(peer_line("dramatiq", "Redis", shape, drained, paced))
-                say(render(lines[-1]))
+                peers = [Procrastinate(db, folder), Dramatiq(db, folder, args.redis)]
+                for peer in peers:
+                    drained = again(say, peer.name, partial(peer.drain, args.jobs, args.workers, 4))
+                    pickup = partial(
+                        peer.pickup, args.workers, 4, args.rate, args.seconds, args.idle_s
+                    )
+                    paced = again(say, peer.name, pickup)
+                    shape = f"{args.workers}x4"
+                    lines.append(peer_line(peer.name, peer.store, shape, drained, paced))
+                    say(render(lines[-1]))
             verdicts(lines, args, say)
         say()
 

@@ -49,6 +49,7 @@ class Procrastinate:
     """procrastinate's own worker command, ``--concurrency`` per process."""
 
     name = "procrastinate"
+    store = "PostgreSQL"
 
     def __init__(self, db: PeerDatabase, folder: Path) -> None:
         self.db = db
@@ -116,6 +117,7 @@ class Dramatiq:
     """dramatiq's own command: ``--processes`` x ``--threads``, Redis broker."""
 
     name = "dramatiq"
+    store = "Redis"
 
     def __init__(self, db: PeerDatabase, folder: Path, redis_url: str) -> None:
         self.db = db

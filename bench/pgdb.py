@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,18 @@ INSERT_EFFECT_PG = (
 INSERT_EFFECT_SQLITE = (
     "INSERT INTO bench_effects (n, enqueued_at, started_at, done_at) VALUES (?, ?, ?, ?)"
 )
+
+
+_local = threading.local()
+
+
+def insert_effect(url: str, n: int, enqueued_at: float, started_at: float) -> None:
+    """Insert the business row as a plain handler would: on its thread's own autocommit
+    connection to ``url``, in a commit of its own (the peers' handlers)."""
+    conn = getattr(_local, "conn", None)
+    if conn is None:
+        conn = _local.conn = psycopg.connect(url, autocommit=True)
+    conn.execute(INSERT_EFFECT_PG, (n, enqueued_at, started_at, time.time()))
 
 
 def with_database(url: str, database: str) -> str:
