@@ -1,12 +1,24 @@
-"""Apps the benchmark workers run; the store path comes from ``JOBGUARD_BENCH_DB``."""
+"""Apps the benchmark workers run.
+
+The store is ``JOBGUARD_BENCH_URL`` if set (``sqlite:///…`` or ``postgresql://…``), else the
+SQLite file ``JOBGUARD_BENCH_DB``.
+"""
 
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
+from bench.pgdb import INSERT_EFFECT_PG, INSERT_EFFECT_SQLITE
 from jobguard import App, Context
 
-app = App(f"sqlite:///{os.environ.get('JOBGUARD_BENCH_DB', 'bench.db')}")
+URL = os.environ.get("JOBGUARD_BENCH_URL") or (
+    f"sqlite:///{os.environ.get('JOBGUARD_BENCH_DB', 'bench.db')}"
+)
+INSERT_EFFECT = INSERT_EFFECT_SQLITE if URL.startswith("sqlite") else INSERT_EFFECT_PG
+
+app = App(URL)
 
 
 @app.task(name="noop", queue="plain")
@@ -27,3 +39,19 @@ def _identity(n: int) -> int:
 def guarded(ctx: Context, n: int) -> None:
     """Lease + lock + operation record + one memoised step + atomic finish."""
     ctx.step("one", _identity, n)
+
+
+def _insert_effect(conn: Any, n: int, enqueued_at: float, started_at: float) -> None:
+    conn.execute(INSERT_EFFECT, (n, enqueued_at, started_at, time.time()))
+
+
+@app.task(
+    name="full",
+    queue="full",
+    operation_key="bench-full:{n}",
+    resource_key="bench-res:{n}",
+)
+def full(ctx: Context, n: int, t: float) -> None:
+    """The full guard: lease + lock + operation record + one ``db_step`` inserting a business
+    row into the store's own database (committed with the step record) + atomic finish."""
+    ctx.db_step("effect", _insert_effect, n, t, time.time())

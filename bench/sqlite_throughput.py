@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from bench.procs import jobguard_command
 from jobguard.diagnostics.durations import percentile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,23 +49,6 @@ class Result:
     p99_ms: float
 
 
-def worker_command(queue: str, concurrency: int, burst: bool) -> list[str]:
-    """The real CLI, run by this interpreter."""
-    command = [
-        sys.executable,
-        "-c",
-        "from jobguard.cli.main import main; main()",
-        "--app",
-        "bench.apps:app",
-        "worker",
-        "--queues",
-        queue,
-        "--concurrency",
-        str(concurrency),
-    ]
-    return [*command, "--burst"] if burst else command
-
-
 def start_workers(
     db: Path, queue: str, count: int, concurrency: int, burst: bool
 ) -> list[subprocess.Popen[bytes]]:
@@ -72,7 +56,7 @@ def start_workers(
     env = {**os.environ, "JOBGUARD_BENCH_DB": str(db), "PYTHONPATH": str(REPO_ROOT)}
     return [
         subprocess.Popen(
-            worker_command(queue, concurrency, burst),
+            jobguard_command(queue, concurrency, burst),
             cwd=REPO_ROOT,
             env=env,
             stderr=subprocess.DEVNULL,
