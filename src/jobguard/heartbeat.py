@@ -65,13 +65,18 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         """Beat until stopped; on an unexpected error, report it to ``on_failure`` and stop."""
         try:
+            last_beat = time.monotonic()
             while not self._stopped.is_set():
-                current = self._snapshot()
-                self._wake.wait(renewal_interval_s(current))
+                # A poke (new deliveries) only shortens the wait when their leases need it: a
+                # fetch must not renew every lease in flight, or a busy worker renews per fetch.
+                due = last_beat + renewal_interval_s(self._snapshot())
+                self._wake.wait(max(0.0, due - time.monotonic()))
                 self._wake.clear()
                 if self._stopped.is_set():
                     return
-                self.beat()
+                if time.monotonic() >= due:
+                    last_beat = time.monotonic()
+                    self.beat()
         except Exception as exc:
             if self._on_failure is None:
                 raise
