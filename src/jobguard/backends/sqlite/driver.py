@@ -42,9 +42,8 @@ Q = load_queries("jobguard.backends.sqlite")
 IDENTITY_CHECK_EVERY_S = 2.0
 
 
-def _param(value: Any) -> Any:
-    """Lists reach SQLite as JSON text, read back with ``json_each``."""
-    return json.dumps(value) if isinstance(value, list | tuple) else value
+# The parameters that carry lists; they reach SQLite as JSON text, read back with json_each.
+_LIST_PARAMS = frozenset({"ids", "tokens", "queues"})
 
 
 class SQLiteTx(NamedStatements):
@@ -60,9 +59,13 @@ class SQLiteTx(NamedStatements):
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
+        if not _LIST_PARAMS.isdisjoint(params):
+            params = {k: json.dumps(v) if k in _LIST_PARAMS else v for k, v in params.items()}
+        if self._conn.row_factory is sqlite3.Row:  # the store's own connections: the hot path
+            return self._conn.execute(Q[name], params)
         cursor = self._conn.cursor()
-        cursor.row_factory = sqlite3.Row  # also on a caller's own connection (adopt)
-        return cursor.execute(Q[name], {key: _param(value) for key, value in params.items()})
+        cursor.row_factory = sqlite3.Row  # a caller's own connection (adopt)
+        return cursor.execute(Q[name], params)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
