@@ -85,6 +85,11 @@ def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> s
     help="Address the metrics endpoint binds to.",
 )
 @click.option("--log-json", is_flag=True, help="Log one JSON line per attempt event on stderr.")
+@click.option(
+    "--schedule",
+    is_flag=True,
+    help="Also enqueue the ticks of the app's periodic tasks (a scheduler thread).",
+)
 @click.pass_obj
 def worker(
     state: CliState,
@@ -98,6 +103,7 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     log_json: bool,
+    schedule: bool,
 ) -> None:
     """Fetch and run jobs until SIGTERM/SIGINT (graceful) or, with --burst, until idle."""
     app = state.app_with_tasks()
@@ -110,6 +116,7 @@ def worker(
         grace_s=grace_s,
         worker_id=worker_id,
         retention_s=retention_s,
+        schedule=schedule,
     )
     # For the rest of the process's life: Worker.run installs its own handlers only while it
     # runs, and a signal before (while the store opens) or after (while the process exits)
