@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jobguard.core.schedules import (
@@ -142,6 +142,13 @@ def test_a_fixed_time_repeated_by_fall_back_fires_once() -> None:
     assert local([next_tick(daily, second_pass) or 0]) == ["2026-10-26T02:30:00+01:00"]
 
 
+def test_a_fixed_time_before_the_repeated_hour_is_found_from_inside_it() -> None:
+    """02:30 CEST fell before 02:14 CET (an hour later in real time), though not on the wall."""
+    daily = Cron("30 2 * * *", "Europe/Berlin")
+    found = ticks_back(daily, at("2026-10-25T02:14:00+01:00"), at("2026-10-25T00:00:00+02:00"), 5)
+    assert local(found) == ["2026-10-25T02:30:00+02:00"]
+
+
 @pytest.mark.parametrize(
     ("start", "gap_hour"),
     [("2026-03-29T00:00:00+01:00", "spring"), ("2026-10-25T00:00:00+02:00", "fall")],
@@ -246,15 +253,29 @@ def test_next_tick_is_the_first_tick_strictly_after(trigger: Trigger, after: flo
     assert ticks_back(trigger, tick - 1, int(after), 1) == []  # nothing in between
 
 
-@settings(max_examples=100, deadline=None)
-@given(triggers, instants, st.integers(min_value=1, max_value=12))
+@settings(max_examples=300, deadline=None)
+@given(
+    triggers,
+    instants,
+    st.floats(min_value=0, max_value=2 * 86400),
+    st.integers(min_value=1, max_value=12),
+)
 def test_walking_forward_and_back_find_the_same_ticks(
-    trigger: Trigger, after: float, count: int
+    trigger: Trigger, after: float, span_s: float, limit: int
 ) -> None:
-    forward = next_ticks(trigger, after, count)
-    back = ticks_back(trigger, forward[-1], int(after), count + 5)
-    assert sorted(back) == forward
+    """Any window, across daylight-saving changes: the newest ``limit`` ticks found walking back
+    are those found walking forward (cronsim's own reverse walk misses some after a fall-back)."""
+    until = after + span_s
+    forward: list[int] = []
+    tick = next_tick(trigger, after)
+    while tick is not None and tick <= until and len(forward) < 500:
+        forward.append(tick)
+        tick = next_tick(trigger, tick)
+    back = ticks_back(trigger, until, int(after), limit)
+    if len(forward) < 500:
+        assert back == sorted(forward, reverse=True)[:limit]
     assert len(set(forward)) == len(forward)
+    assert forward == sorted(forward)
 
 
 @settings(max_examples=150, deadline=None)
@@ -288,6 +309,11 @@ def test_a_plan_enqueues_only_due_ticks_and_decides_them_once(
 
 
 @settings(max_examples=100, deadline=None)
+@example(  # the repeated hour: 02:30 CEST must be found from 02:14 CET, one hour later
+    trigger=Cron("30 2 * * *", "Europe/Berlin"),
+    start=at("2026-10-25T02:00:00+02:00"),
+    steps=[1.0, 1.0, 1.0, 896.0, 900.0, 900.0, 900.0],
+)
 @given(
     triggers,
     st.sampled_from(AROUND),

@@ -25,6 +25,8 @@ from cronsim import CronSim, CronSimError
 SKIP = "skip"
 LAST = "last"
 MAX_CATCH_UP = 10_000
+# More than any daylight-saving shift (at most two hours anywhere).
+WALL_CLOCK_MARGIN_S = 3 * 3600
 
 
 def zone(name: str) -> tzinfo:
@@ -60,6 +62,21 @@ class Cron:
     def tz(self) -> tzinfo:
         """The time zone the expression is read in."""
         return ZoneInfo(self.timezone)
+
+    @property
+    def wall_clock(self) -> bool:
+        """Whether cronsim reads it on the local wall clock (fixed times of day, as cron does).
+
+        That is a 5-field expression whose minute and hour fields do not start with ``*``, in a
+        zone other than UTC; the others count real time.
+        """
+        fields = self.expression.split()
+        return (
+            self.timezone != "UTC"
+            and len(fields) == 5
+            and not fields[0].startswith("*")
+            and not fields[1].startswith("*")
+        )
 
     def describe(self) -> str:
         """``cron '*/5 * * * *' Europe/Berlin``."""
@@ -174,17 +191,20 @@ def ticks_back(trigger: Trigger, until: float, after: int, limit: int) -> list[i
         first = newest // trigger.seconds * trigger.seconds
         ticks = range(first, after, -trigger.seconds)
         return list(ticks[:limit])
-    # Reverse iteration starts one second past ``newest`` so a tick exactly at it is included.
-    start = datetime.fromtimestamp(newest + 1, tz=trigger.tz)
-    found: list[int] = []
+    # Walking back on the wall clock visits ticks in wall-clock order, which after a fall-back
+    # is not real-time order: start a margin later and stop a margin past the oldest tick kept.
+    margin = WALL_CLOCK_MARGIN_S if trigger.wall_clock else 0
+    start = datetime.fromtimestamp(newest + margin + 1, tz=trigger.tz)
+    found: set[int] = set()
     for moment in CronSim(trigger.expression, start, reverse=True):
         tick = int(moment.timestamp())
-        if tick > newest or (found and tick >= found[-1]):
-            continue  # a repeated wall-clock hour seen again: not a new tick
-        if tick <= after or len(found) >= limit:
+        if after < tick <= newest:
+            found.add(tick)
+        if tick <= after - margin or (
+            len(found) >= limit and tick < sorted(found)[-limit] - margin
+        ):
             break
-        found.append(tick)
-    return found
+    return sorted(found, reverse=True)[:limit]
 
 
 @dataclass(frozen=True, slots=True)
