@@ -11,7 +11,7 @@ reads again and finds nothing left to do.
 from __future__ import annotations
 
 import logging
-import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -30,6 +30,7 @@ log = logging.getLogger("jobguard.scheduler")
 
 MAX_RACES = 10  # re-reads after losing the cursor to another scheduler, per schedule and pass
 MIN_SLEEP_S = 0.005
+STOP_CHECK_S = 0.05
 
 
 class SchedulerHost(Protocol):
@@ -97,11 +98,13 @@ class Scheduler:
         self.scheduler_id = scheduler_id or default_process_id()
         self.install_signal_handlers = install_signal_handlers
         self.stats = SchedulerStats()
-        self._stopping = threading.Event()
+        # A plain flag, not an Event: a signal handler runs on the main thread, which may be
+        # inside Event.wait holding the event's (non-reentrant) lock at that very moment.
+        self._stop_requested = False
 
     def stop(self) -> None:
-        """Finish the current pass and return from :meth:`run`."""
-        self._stopping.set()
+        """Finish the current pass and return from :meth:`run` (safe from a signal handler)."""
+        self._stop_requested = True
 
     def run_pending(self) -> list[Job]:
         """One pass: enqueue every due tick of every schedule; return the jobs this call stored."""
@@ -133,7 +136,7 @@ class Scheduler:
         """Make passes until stopped (SIGTERM, SIGINT or :meth:`stop`); ``once``: one pass."""
         restore = self._install_signals()
         try:
-            while not self._stopping.is_set():
+            while not self._stop_requested:
                 try:
                     self.run_pending()
                 except JobGuardError as exc:
@@ -142,10 +145,19 @@ class Scheduler:
                     log.warning("scheduler pass failed, retrying: %s", exc)
                 if once:
                     break
-                self._stopping.wait(self._sleep_s())
+                self._sleep(self._sleep_s())
         finally:
             restore()
         return self.stats
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep, waking within :data:`STOP_CHECK_S` of a stop request."""
+        deadline = time.monotonic() + seconds
+        while not self._stop_requested:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, STOP_CHECK_S))
 
     def _sleep_s(self) -> float:
         """Until the earliest next tick on the store clock, at most ``poll_interval_s``."""
@@ -162,4 +174,4 @@ class Scheduler:
     def _install_signals(self) -> Callable[[], None]:
         if not self.install_signal_handlers:
             return lambda: None
-        return on_stop_signals(lambda signum: self._stopping.set())
+        return on_stop_signals(lambda signum: self.stop())

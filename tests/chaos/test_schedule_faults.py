@@ -41,8 +41,11 @@ class Fleet:
         self.env["SCHEDULE_TEST_EVENTS"] = str(self.events)
         if clock is not None:
             self.env["SCHEDULE_TEST_CLOCK"] = str(clock)
+        # A process that does not stop is sent SIGABRT: its threads' tracebacks go to its log.
+        self.env["PYTHONFAULTHANDLER"] = "1"
         self.stack = stack
         self.started = 0
+        self.logs: dict[int, Path] = {}
 
     def start(self, *args: str) -> WorkerProcess:
         """Run ``jobguard --app APP ARGS...`` and wait until it says it is running."""
@@ -58,6 +61,7 @@ class Fleet:
                 text=True,
             )
         proc = WorkerProcess(popen)
+        self.logs[proc.pid] = log
         self.stack.callback(proc.kill)
 
         def ready() -> bool:
@@ -74,11 +78,18 @@ class Fleet:
             "scheduler", "--schedules", names, "--poll-interval-s", str(poll_interval_s)
         )
 
-
-def stop(proc: WorkerProcess) -> None:
-    """SIGTERM and wait for a clean exit."""
-    proc.signal(signal.SIGTERM)
-    assert proc.wait(timeout_s=30) == 0
+    def stop(self, proc: WorkerProcess) -> None:
+        """SIGTERM and wait for a clean exit; on a hang, fail with the process's tracebacks."""
+        proc.signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout_s=30)
+        except subprocess.TimeoutExpired:
+            proc.signal(signal.SIGABRT)
+            proc.wait(timeout_s=10)
+            raise AssertionError(
+                f"no exit on SIGTERM:\n{self.logs[proc.pid].read_text()}"
+            ) from None
+        assert code == 0, self.logs[proc.pid].read_text()
 
 
 def ticks_of(store: App, name: str) -> list[int]:
@@ -121,10 +132,10 @@ def test_three_schedulers_killed_and_paused_make_one_job_and_one_run_per_tick(
     killed = fleet.scheduler("beat")
     reached(WINDOW_TICKS)
     for proc in (killed, paused, steady):
-        stop(proc)
+        fleet.stop(proc)
     last_tick = max(ticks_of(store, "beat"))
     wait_until(lambda: store.counts()[JobStatus.COMPLETED] == len(ticks_of(store, "beat")))
-    stop(worker)
+    fleet.stop(worker)
 
     ticks = ticks_of(store, "beat")
     assert sorted(Counter(ticks).values()) == [1] * len(ticks)  # one job per tick
@@ -171,14 +182,14 @@ def test_a_gap_with_every_scheduler_down_follows_each_policy_exactly(
     set_clock(clock, t0 + 1.1)
     cursors_reach(t0 + 1)
     for proc in first:
-        stop(proc)
+        fleet.stop(proc)
     set_clock(clock, t0 + 11.5)  # ticks t0+2 .. t0+11 fall while no scheduler runs
     second = [fleet.scheduler(names), fleet.scheduler(names)]
     cursors_reach(t0 + 11)
     set_clock(clock, t0 + 12.1)
     cursors_reach(t0 + 12)
     for proc in second:
-        stop(proc)
+        fleet.stop(proc)
 
     gap = range(t0 + 2, t0 + 12)
     expected = {
