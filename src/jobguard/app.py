@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import secrets
 import threading
@@ -342,8 +343,13 @@ class App:
             policy = Missed.parse(missed)
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from exc
-        if "dedup_window_s" in task_options:
-            raise ConfigurationError("give dedup_window_s to periodic() itself")
+        unknown = sorted(set(task_options) - _PERIODIC_TASK_OPTIONS)
+        if unknown:
+            known = ", ".join(sorted(_PERIODIC_TASK_OPTIONS))
+            raise ConfigurationError(
+                f"periodic() got unknown option(s) {', '.join(unknown)}; besides its own it takes "
+                f"these options of task(): {known}"
+            )
 
         def register(fn: Callable[..., Any]) -> Schedule:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -553,3 +559,12 @@ class App:
         stop.set()
         if renewer is not None:
             renewer.join()
+
+
+# The options of App.task that App.periodic passes through (name and dedup_window_s are its own).
+_PERIODIC_TASK_OPTIONS = frozenset(inspect.signature(App.task).parameters) - {
+    "self",
+    "fn",
+    "name",
+    "dedup_window_s",
+}
