@@ -1,7 +1,8 @@
 """Several real ``jobguard scheduler`` processes on one store: every tick is one job, once (#10).
 
 The schedulers are the installed command line, run against ``tests.support.schedule_app``; a real
-worker runs the jobs and its handler records every execution in a sidecar file.
+worker runs the jobs and its handler records every execution in a sidecar file. Every test runs
+on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from jobguard import App, JobStatus
+from jobguard.backends import sqlite_path
 from jobguard.core.schedules import parse_tick_text
+from tests.support import pg
 from tests.support.procs import REPO_ROOT, WorkerProcess, clean_env, entry_point, wait_until
 from tests.support.schedule_app import GAP_POLICIES, executions, set_clock
 
@@ -31,13 +34,15 @@ WINDOW_TICKS = 20  # seconds of real 1-second ticks the fault test covers
 class Fleet:
     """The processes of one test, with their environment; all are killed at the end."""
 
-    def __init__(self, tmp_path: Path, stack: ExitStack, clock: Path | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, stack: ExitStack, url: str, clock: Path | None = None
+    ) -> None:
         self.tmp_path = tmp_path
-        self.db = tmp_path / "jobs.db"
+        self.url = url
         self.events = tmp_path / "runs.db"
         self.env = clean_env()
         self.env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + self.env.get("PYTHONPATH", "")
-        self.env["SCHEDULE_TEST_URL"] = f"sqlite:///{self.db}"
+        self.env["SCHEDULE_TEST_URL"] = url
         self.env["SCHEDULE_TEST_EVENTS"] = str(self.events)
         if clock is not None:
             self.env["SCHEDULE_TEST_CLOCK"] = str(clock)
@@ -78,6 +83,15 @@ class Fleet:
             "scheduler", "--schedules", names, "--poll-interval-s", str(poll_interval_s)
         )
 
+    def pause(self, proc: WorkerProcess) -> None:
+        """SIGSTOP a process; on SQLite, between two writes (a writer frozen inside a transaction
+        would lock the whole file: a different fault). On PostgreSQL it may freeze holding the
+        schedule's row, so the others wait for it, which is part of what is tested."""
+        if self.url.startswith("sqlite:"):
+            proc.pause_between_writes(sqlite_path(self.url))
+        else:
+            proc.signal(signal.SIGSTOP)
+
     def stop(self, proc: WorkerProcess) -> None:
         """SIGTERM and wait for a clean exit; on a hang, fail with the process's tracebacks."""
         proc.signal(signal.SIGTERM)
@@ -104,13 +118,21 @@ def stack() -> Iterator[ExitStack]:
         yield processes
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store on each backend: a SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'jobs.db'}"
+    return pg.fresh_store_url(pg.session_database())
+
+
 def test_three_schedulers_killed_and_paused_make_one_job_and_one_run_per_tick(
-    tmp_path: Path, stack: ExitStack
+    tmp_path: Path, stack: ExitStack, store_url: str
 ) -> None:
     """Acceptance 1 over a 20-tick window: one scheduler SIGKILLed and restarted twice, one
     SIGSTOPped for 5 s; every tick has exactly one job and one execution, none missing."""
-    fleet = Fleet(tmp_path, stack)
-    store = App(f"sqlite:///{fleet.db}")
+    fleet = Fleet(tmp_path, stack, store_url)
+    store = App(store_url)
     stack.callback(store.close)
     killed = fleet.scheduler("beat")
     paused = fleet.scheduler("beat")
@@ -125,7 +147,7 @@ def test_three_schedulers_killed_and_paused_make_one_job_and_one_run_per_tick(
     killed.kill()  # SIGKILL, then restart
     killed = fleet.scheduler("beat")
     reached(6)
-    paused.pause_between_writes(fleet.db)  # SIGSTOP, outside a write transaction
+    fleet.pause(paused)
     reached(11)  # 5 ticks pass while it is frozen
     paused.signal(signal.SIGCONT)
     killed.kill()
@@ -158,16 +180,16 @@ def wait_for_ticks(store: App, count: int) -> list[int]:
 
 
 def test_a_gap_with_every_scheduler_down_follows_each_policy_exactly(
-    tmp_path: Path, stack: ExitStack
+    tmp_path: Path, stack: ExitStack, store_url: str
 ) -> None:
     """Acceptance 2: schedulers stopped for 10 ticks on a controlled clock, then started: the
     gap's job count is 0 (skip), 1 (last), 3 (catch up 3) and 10 (catch up 20)."""
     clock = tmp_path / "clock"
     t0 = 1_900_000_000
     set_clock(clock, t0 + 0.1)
-    fleet = Fleet(tmp_path, stack, clock=clock)
+    fleet = Fleet(tmp_path, stack, store_url, clock=clock)
     names = ",".join(GAP_POLICIES)
-    store = App(f"sqlite:///{fleet.db}")
+    store = App(store_url)
     stack.callback(store.close)
 
     def cursors_reach(tick: int) -> None:

@@ -1,6 +1,7 @@
 """Periodic tasks in one process on a real store: declaring, enqueueing, running, showing (#10).
 
-Time is a :class:`ControlledClock` driving the store, so every tick is placed exactly.
+Time is a :class:`ControlledClock` driving the store, so every tick is placed exactly; the tests
+that enqueue and run ticks do so on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from jobguard import App, ConfigurationError, Context, JobStatus, Outcome
+from jobguard.backends.postgres import PostgresBackend
 from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.cli.main import cli
 from jobguard.scheduler import Scheduler
 from jobguard.testing import ControlledClock, drain
+from tests.support import pg
 
 # 2026-03-29 00:59:00 UTC: one minute before Europe/Berlin springs forward (01:00 UTC).
 SPRING = datetime(2026, 3, 29, 0, 59, tzinfo=UTC).timestamp()
@@ -32,10 +35,16 @@ def clock() -> ControlledClock:
     return ControlledClock(SPRING)
 
 
-@pytest.fixture
-def timed_app(db_path: Path, clock: ControlledClock) -> Iterator[App]:
-    """An app on a fresh SQLite store whose clock the test moves."""
-    application = App(backend=SQLiteBackend(str(db_path), clock=clock))
+@pytest.fixture(params=["sqlite", "postgres"])
+def timed_app(
+    request: pytest.FixtureRequest, db_path: Path, clock: ControlledClock
+) -> Iterator[App]:
+    """An app on a fresh store of each backend whose clock the test moves."""
+    if request.param == "sqlite":
+        application = App(backend=SQLiteBackend(str(db_path), clock=clock))
+    else:
+        url = pg.fresh_store_url(pg.session_database())
+        application = App(backend=PostgresBackend(url, clock=clock))
     yield application
     application.close()
 

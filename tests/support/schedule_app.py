@@ -2,7 +2,7 @@
 
 Configured by the environment the tests set (``--app tests.support.schedule_app:app``):
 
-* ``SCHEDULE_TEST_URL``: the store.
+* ``SCHEDULE_TEST_URL``: the store (SQLite or PostgreSQL).
 * ``SCHEDULE_TEST_CLOCK`` (optional): a file holding the store clock's time, read on every call,
   so a test moves time for every process at once instead of waiting for real ticks.
 * ``SCHEDULE_TEST_EVENTS``: a sidecar SQLite file where the handler records each execution,
@@ -55,9 +55,13 @@ def _make_app() -> App:
     # Imported by the tests too, for the helpers above: the App opens no store until used.
     url = os.environ.get("SCHEDULE_TEST_URL", "sqlite:///unused.db")
     clock = os.environ.get("SCHEDULE_TEST_CLOCK")
-    if clock:
+    if not clock:
+        return App(url)
+    if url.startswith("sqlite:"):
         return App(backend=SQLiteBackend(sqlite_path(url), clock=FileClock(clock)))
-    return App(url)
+    from jobguard.backends.postgres import PostgresBackend
+
+    return App(backend=PostgresBackend(url, clock=FileClock(clock)))
 
 
 app = _make_app()
