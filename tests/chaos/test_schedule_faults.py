@@ -19,9 +19,7 @@ from pathlib import Path
 import pytest
 
 from jobguard import App, JobStatus
-from jobguard.backends import sqlite_path
 from jobguard.core.schedules import parse_tick_text
-from tests.support import pg
 from tests.support.procs import REPO_ROOT, WorkerProcess, clean_env, entry_point, wait_until
 from tests.support.schedule_app import GAP_POLICIES, executions, set_clock
 
@@ -83,15 +81,6 @@ class Fleet:
             "scheduler", "--schedules", names, "--poll-interval-s", str(poll_interval_s)
         )
 
-    def pause(self, proc: WorkerProcess) -> None:
-        """SIGSTOP a process; on SQLite, between two writes (a writer frozen inside a transaction
-        would lock the whole file: a different fault). On PostgreSQL it may freeze holding the
-        schedule's row, so the others wait for it, which is part of what is tested."""
-        if self.url.startswith("sqlite:"):
-            proc.pause_between_writes(sqlite_path(self.url))
-        else:
-            proc.signal(signal.SIGSTOP)
-
     def stop(self, proc: WorkerProcess) -> None:
         """SIGTERM and wait for a clean exit; on a hang, fail with the process's tracebacks."""
         proc.signal(signal.SIGTERM)
@@ -118,14 +107,6 @@ def stack() -> Iterator[ExitStack]:
         yield processes
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh store on each backend: a SQLite file, or a PostgreSQL schema of its own."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'jobs.db'}"
-    return pg.fresh_store_url(pg.session_database())
-
-
 def test_three_schedulers_killed_and_paused_make_one_job_and_one_run_per_tick(
     tmp_path: Path, stack: ExitStack, store_url: str
 ) -> None:
@@ -147,7 +128,7 @@ def test_three_schedulers_killed_and_paused_make_one_job_and_one_run_per_tick(
     killed.kill()  # SIGKILL, then restart
     killed = fleet.scheduler("beat")
     reached(6)
-    fleet.pause(paused)
+    paused.pause_between_writes(store_url)  # SIGSTOP, between two of its transactions
     reached(11)  # 5 ticks pass while it is frozen
     paused.signal(signal.SIGCONT)
     killed.kill()

@@ -19,12 +19,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from jobguard import App, ConfigurationError, Context, JobStatus, Outcome
+from jobguard.backends import sqlite_path
+from jobguard.backends.base import Backend
 from jobguard.backends.postgres import PostgresBackend
 from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.cli.main import cli
 from jobguard.scheduler import Scheduler
 from jobguard.testing import ControlledClock, drain
-from tests.support import pg
 
 # 2026-03-29 00:59:00 UTC: one minute before Europe/Berlin springs forward (01:00 UTC).
 SPRING = datetime(2026, 3, 29, 0, 59, tzinfo=UTC).timestamp()
@@ -35,16 +36,14 @@ def clock() -> ControlledClock:
     return ControlledClock(SPRING)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def timed_app(
-    request: pytest.FixtureRequest, db_path: Path, clock: ControlledClock
-) -> Iterator[App]:
+@pytest.fixture
+def timed_app(store_url: str, clock: ControlledClock) -> Iterator[App]:
     """An app on a fresh store of each backend whose clock the test moves."""
-    if request.param == "sqlite":
-        application = App(backend=SQLiteBackend(str(db_path), clock=clock))
+    if store_url.startswith("sqlite:"):
+        backend: Backend = SQLiteBackend(sqlite_path(store_url), clock=clock)
     else:
-        url = pg.fresh_store_url(pg.session_database())
-        application = App(backend=PostgresBackend(url, clock=clock))
+        backend = PostgresBackend(store_url, clock=clock)
+    application = App(backend=backend)
     yield application
     application.close()
 
