@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from jobguard.core.schedules import next_tick, plan_ticks
-from jobguard.exceptions import ConfigurationError, JobGuardError
+from jobguard.exceptions import ConfigurationError, JobGuardError, StoreBrokenError
 from jobguard.models import Job
 from jobguard.process import default_process_id, on_stop_signals
 
@@ -98,6 +98,7 @@ class Scheduler:
         self.scheduler_id = scheduler_id or default_process_id()
         self.install_signal_handlers = install_signal_handlers
         self.stats = SchedulerStats()
+        self.failure: StoreBrokenError | None = None
         # A plain flag, not an Event: a signal handler runs on the main thread, which may be
         # inside Event.wait holding the event's (non-reentrant) lock at that very moment.
         self._stop_requested = False
@@ -133,12 +134,22 @@ class Scheduler:
         return stored
 
     def run(self, once: bool = False) -> SchedulerStats:
-        """Make passes until stopped (SIGTERM, SIGINT or :meth:`stop`); ``once``: one pass."""
+        """Make passes until stopped (SIGTERM, SIGINT or :meth:`stop`); ``once``: one pass.
+
+        A store that cannot be used as it is (:class:`~jobguard.exceptions.StoreBrokenError`)
+        ends the loop too, with the error in :attr:`failure`; other store errors are retried.
+        """
         restore = self._install_signals()
         try:
             while not self._stop_requested:
                 try:
                     self.run_pending()
+                except StoreBrokenError as exc:
+                    # Retrying cannot help (read-only, say): stop and say why, as a worker does.
+                    log.error("stopping: %s", exc)
+                    self.app.hooks.store_error("schedule", exc)
+                    self.failure = exc
+                    break
                 except JobGuardError as exc:
                     # The store hiccuped: nothing was half-written; the next pass decides again.
                     self.app.hooks.store_error("schedule", exc)

@@ -58,6 +58,9 @@ def scheduler(
     stats = runner.run(once=once)
     ignore_stop_signals()  # stopped and exiting: a late signal must not kill it
     click.echo(f"scheduler stopped: enqueued {stats.enqueued} in {stats.passes} passes", err=True)
+    if runner.failure is not None:
+        click.echo(f"error: {runner.failure}", err=True)
+        raise SystemExit(3)
 
 
 def _iso(tick: int | None, schedule: Schedule) -> str | None:
