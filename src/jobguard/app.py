@@ -38,7 +38,7 @@ from jobguard.models import (
     QueueStats,
 )
 from jobguard.schedule import Schedule, check_operation_template, check_tick_handler, tick_runner
-from jobguard.task import Task, call_options, check_queue_name
+from jobguard.task import Task, call_options, check_handler, check_queue_name
 from jobguard.worker import Worker
 
 if TYPE_CHECKING:
@@ -353,6 +353,7 @@ class App:
 
         def register(fn: Callable[..., Any]) -> Schedule:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            check_handler(task_name, fn)  # the wrapper below would hide a generator function
             check_tick_handler(task_name, fn)
             options = dict(task_options)
             template = options.setdefault("operation_key", f"schedule:{task_name}@{{tick}}")

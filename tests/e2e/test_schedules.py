@@ -219,6 +219,25 @@ def test_a_worker_with_schedule_enqueues_and_runs_the_due_tick(
     assert runs == [datetime(2026, 3, 29, 0, 59, tzinfo=UTC)]
 
 
+def test_an_async_handler_receives_its_tick_and_a_generator_is_refused(
+    timed_app: App, clock: ControlledClock
+) -> None:
+    runs: list[datetime] = []
+
+    @timed_app.periodic(every=60, grace_s=60, name="async-minutely")
+    async def minutely(ctx: Context, tick: datetime) -> None:
+        runs.append(tick)
+
+    def generator(ctx: Context, tick: datetime) -> Iterator[None]:
+        yield None
+
+    with pytest.raises(ConfigurationError, match="generator function"):
+        timed_app.periodic(every=60)(generator)
+    scheduler(timed_app).run_pending()
+    drain(timed_app)
+    assert runs == [datetime(2026, 3, 29, 0, 59, tzinfo=UTC)]
+
+
 def test_a_scheduler_needs_a_schedule(app: App) -> None:
     with pytest.raises(ConfigurationError, match="declares no schedule"):
         Scheduler(app)
