@@ -258,6 +258,7 @@ class AuditEntry:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
 class ScheduleState:
     """What the store keeps per schedule, so no scheduler needs a memory of its own.
 

@@ -10,11 +10,12 @@ import click
 
 from jobguard.app import App
 from jobguard.cli.jobs_cmd import console, table
+from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
 from jobguard.core.schedules import Cron
 from jobguard.exceptions import NotFoundError
 from jobguard.models import ScheduleState
-from jobguard.process import ignore_stop_signals, on_stop_signals
+from jobguard.process import ignore_stop_signals
 from jobguard.schedule import Schedule
 from jobguard.scheduler import Scheduler
 
@@ -52,7 +53,7 @@ def scheduler(
         app, _names(names), poll_interval_s=poll_interval_s, scheduler_id=scheduler_id
     )
     # A graceful stop from now on: run() installs its own handlers, but only while it runs.
-    on_stop_signals(lambda signum: runner.stop())
+    stop_on_signals(runner.stop)
     listed = ", ".join(s.name for s in runner.schedules)
     click.echo(f"scheduler {runner.scheduler_id} for {listed}", err=True)
     stats = runner.run(once=once)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-
 import click
 
 from jobguard.app import App
@@ -12,6 +9,7 @@ from jobguard.cli.jobs_cmd import SECONDS
 from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
 from jobguard.hooks import HookChain, Hooks
+from jobguard.process import ignore_stop_signals
 from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH
 
 
@@ -129,9 +127,7 @@ def worker(
     stats = runner.run(burst=burst)
     # The work is done and the process is exiting: a late signal must not turn a clean stop
     # into death by signal (the interpreter resets Python-level handlers while it shuts down).
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()
     summary = ", ".join(f"{k}={v}" for k, v in sorted(stats.outcomes.items())) or "no jobs"
     click.echo(f"worker stopped: {summary}; released {stats.released}", err=True)
     if runner.failure is not None:
