@@ -111,6 +111,8 @@ CREATE TABLE audit (
     action  text NOT NULL,
     target  text NOT NULL,
     detail  text NOT NULL DEFAULT ''
+);
+
 -- Periodic schedules: one row per schedule, the cursor every scheduler moves with compare-and-set.
 -- Ticks are whole seconds since the Unix epoch (UTC).
 CREATE TABLE schedules (

@@ -118,6 +118,8 @@ CREATE TABLE IF NOT EXISTS audit (
     action  TEXT NOT NULL,
     target  TEXT NOT NULL,
     detail  TEXT NOT NULL DEFAULT ''
+);
+
 -- Periodic schedules: one row per schedule, the cursor every scheduler moves with compare-and-set.
 -- Ticks are whole seconds since the Unix epoch (UTC).
 CREATE TABLE IF NOT EXISTS schedules (
