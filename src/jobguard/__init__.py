@@ -35,6 +35,8 @@ from jobguard.models import (
     OperationStatus,
     Outcome,
 )
+from jobguard.schedule import Schedule
+from jobguard.scheduler import Scheduler
 from jobguard.task import Task
 from jobguard.worker import Worker
 
@@ -65,6 +67,8 @@ __all__ = [
     "Outcome",
     "PayloadError",
     "Retry",
+    "Schedule",
+    "Scheduler",
     "StaleFenceError",
     "StepError",
     "StoreUnavailableError",

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 from jobguard.backends import DEFAULT_URL, check_store_url, migrate_store, open_backend
 from jobguard.backends.base import Backend
 from jobguard.core import checks
 from jobguard.core.retry import RetryPolicy
+from jobguard.core.schedules import Cron, Every, Missed, Trigger, interval_seconds
 from jobguard.exceptions import (
     ConfigurationError,
     JobGuardError,
@@ -34,7 +37,8 @@ from jobguard.models import (
     OutcomeCount,
     QueueStats,
 )
-from jobguard.task import Task, call_options, check_queue_name
+from jobguard.schedule import Schedule, check_operation_template, check_tick_handler, tick_runner
+from jobguard.task import Task, call_options, check_handler, check_queue_name
 from jobguard.worker import Worker
 
 if TYPE_CHECKING:
@@ -49,6 +53,24 @@ def with_headers(stored: str | None, added: Mapping[str, str]) -> str:
     """A job's headers (JSON object text) with ``added`` merged in; the job's own win."""
     own = json.loads(stored) if stored else {}
     return json.dumps({**added, **own}, sort_keys=True, separators=(",", ":"))
+
+
+def _trigger(cron: str | None, every: float | timedelta | None, timezone: str) -> Trigger:
+    """The trigger of :meth:`App.periodic`, or a ConfigurationError saying what is wrong."""
+    if (cron is None) == (every is None):
+        raise ConfigurationError("periodic() needs exactly one of cron= and every=")
+    try:
+        if cron is not None:
+            return Cron(cron, timezone)
+        if timezone != "UTC":
+            raise ConfigurationError(
+                "timezone applies to cron= only; every= counts real time from the Unix epoch "
+                "(use cron= for times of day)"
+            )
+        assert every is not None
+        return Every(interval_seconds(every))
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from exc
 
 
 class DeadLetterQueue:
@@ -138,6 +160,7 @@ class App:
         self.max_payload_bytes = max_payload_bytes
         self.hooks = hooks or Hooks()
         self.tasks: dict[str, Task] = {}
+        self.schedules: dict[str, Schedule] = {}
         self.dlq = DeadLetterQueue(self)
 
     @property
@@ -277,6 +300,81 @@ class App:
 
         if fn is not None:
             return register(fn)
+        return register
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        timezone: str = "UTC",
+        missed: str | int = "last",
+        grace_s: float = 60.0,
+        jitter_s: float = 0.0,
+        dedup_window_s: float = 86400.0,
+        name: str | None = None,
+        **task_options: Any,
+    ) -> Callable[[Callable[..., Any]], Schedule]:
+        """Register a handler ``fn(ctx, tick)`` as a periodic task; ``tick`` is the scheduled time.
+
+        Give exactly one of ``cron`` and ``every``. Every tick becomes one job, whatever number of
+        schedulers run (``jobguard scheduler`` or ``jobguard worker --schedule``).
+
+        Args:
+            cron: A cron expression (5 fields, or 6 with seconds first), e.g. ``"*/5 * * * *"``.
+            every: An interval, in seconds or as a ``timedelta`` (whole seconds); ticks are its
+                multiples since the Unix epoch, in UTC.
+            timezone: IANA time zone the cron expression is read in (cron only).
+            missed: Ticks no scheduler enqueued in time: ``"skip"`` (only an on-time tick runs),
+                ``"last"`` (the newest due tick runs) or ``N`` (the newest N due ticks run).
+            grace_s: How late the newest due tick may be enqueued and still count as on time.
+            jitter_s: Run each tick's job up to this much later (the same delay on every host).
+            dedup_window_s: How long a tick's dedup key is held after its job completed.
+            name: Registered name (default ``module.function``).
+            **task_options: Any option of :meth:`task` (queue, retries, ``resource_key``...);
+                ``operation_key`` must contain ``{tick}`` (default ``schedule:NAME@{tick}``).
+
+        Raises:
+            ConfigurationError: an invalid cron expression, time zone, interval or option, with
+                the reason.
+        """
+        trigger = _trigger(cron, every, timezone)
+        try:
+            policy = Missed.parse(missed)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from exc
+        unknown = sorted(set(task_options) - _PERIODIC_TASK_OPTIONS)
+        if unknown:
+            known = ", ".join(sorted(_PERIODIC_TASK_OPTIONS))
+            raise ConfigurationError(
+                f"periodic() got unknown option(s) {', '.join(unknown)}; besides its own it takes "
+                f"these options of task(): {known}"
+            )
+
+        def register(fn: Callable[..., Any]) -> Schedule:
+            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            check_handler(task_name, fn)  # the wrapper below would hide a generator function
+            check_tick_handler(task_name, fn)
+            options = dict(task_options)
+            template = options.setdefault("operation_key", f"schedule:{task_name}@{{tick}}")
+            check_operation_template(task_name, template)
+            task = self.task(name=task_name, **options)(tick_runner(fn, trigger))
+            try:
+                schedule = Schedule(
+                    task,
+                    fn,
+                    trigger=trigger,
+                    missed=policy,
+                    grace_s=grace_s,
+                    jitter_s=jitter_s,
+                    dedup_window_s=dedup_window_s,
+                )
+            except ConfigurationError:
+                del self.tasks[task_name]
+                raise
+            self.schedules[task_name] = schedule
+            return schedule
+
         return register
 
     def visibility_timeout_for(self, queue: str) -> float:
@@ -462,3 +560,12 @@ class App:
         stop.set()
         if renewer is not None:
             renewer.join()
+
+
+# The options of App.task that App.periodic passes through (name and dedup_window_s are its own).
+_PERIODIC_TASK_OPTIONS = frozenset(inspect.signature(App.task).parameters) - {
+    "self",
+    "fn",
+    "name",
+    "dedup_window_s",
+}

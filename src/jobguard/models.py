@@ -256,3 +256,20 @@ class AuditEntry:
     action: str
     target: str
     detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleState:
+    """What the store keeps per schedule, so no scheduler needs a memory of its own.
+
+    Ticks are whole seconds since the epoch (UTC).
+    """
+
+    name: str
+    cursor: int
+    """The newest tick decided: enqueued, or passed over by the missed-tick policy."""
+    last_tick: int | None
+    """The newest tick that was enqueued (``None`` before the first)."""
+    last_job_id: int | None
+    """The job of ``last_tick``."""
+    updated_at: float

@@ -44,11 +44,13 @@ from jobguard.exceptions import (
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Delivery, Outcome
 from jobguard.pipeline import Pipeline, Settled, guard_of
+from jobguard.scheduler import Scheduler
 from jobguard.task import check_queue_name
 
 if TYPE_CHECKING:
     from jobguard.backends.base import Backend
     from jobguard.hooks import Hooks
+    from jobguard.schedule import Schedule
     from jobguard.task import Task
 
 
@@ -69,6 +71,10 @@ class WorkerHost(Protocol):
     @property
     def hooks(self) -> Hooks:
         """Callbacks for metrics and logs."""
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule]:
+        """The periodic tasks, by name (run by ``schedule=True``)."""
 
     def queues(self) -> list[str]:
         """The default queues of the registered tasks."""
@@ -120,6 +126,8 @@ class Worker:
         retention_s: If set, a thread of this worker deletes completed jobs (and their attempt
             rows) finished longer ago than this, in short batches, every ``retention_s / 2``
             seconds (at most every minute); operation records and steps are kept.
+        schedule: Also run a scheduler thread that enqueues the ticks of the app's schedules
+            (``@app.periodic``); any number of workers may do so at once.
     """
 
     def __init__(
@@ -135,6 +143,7 @@ class Worker:
         heartbeat: bool = True,
         install_signal_handlers: bool = True,
         retention_s: float | None = None,
+        schedule: bool = False,
     ) -> None:
         self.concurrency = checks.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
         self.prefetch = (
@@ -176,6 +185,12 @@ class Worker:
         # Why the worker stopped taking work on its own, if it did (read it after run()).
         self.failure: StoreBrokenError | WorkerFailedError | None = None
         self._rng = random.Random()
+        self.scheduler = (
+            Scheduler(app, scheduler_id=self.worker_id, install_signal_handlers=False)
+            if schedule
+            else None
+        )
+        self._scheduler_thread: threading.Thread | None = None
         self._heartbeat = Heartbeat(
             app.backend, self._snapshot, app.hooks, on_failure=self._heartbeat_failed
         )
@@ -209,6 +224,7 @@ class Worker:
             ).start()
         if self.use_heartbeat:
             self._heartbeat.start()
+        self._start_scheduler(burst)
         self.app.hooks.worker_started(self.worker_id, self.queues)
         try:
             self._fetch_loop(burst)
@@ -216,6 +232,17 @@ class Worker:
             self._shutdown(threads)
             restore()
         return self.stats
+
+    def _start_scheduler(self, burst: bool) -> None:
+        if self.scheduler is None:
+            return
+        if burst:
+            self.scheduler.run(once=True)  # enqueue what is due now, then drain it
+            return
+        self._scheduler_thread = threading.Thread(
+            target=self.scheduler.run, name="jobguard-scheduler", daemon=True
+        )
+        self._scheduler_thread.start()
 
     def _heartbeat_failed(self, exc: BaseException) -> None:
         """The heartbeat cannot renew leases any more: stop taking work and say why."""
@@ -405,6 +432,8 @@ class Worker:
 
     def _shutdown(self, threads: list[threading.Thread]) -> None:
         self._stopping.set()
+        if self.scheduler is not None:
+            self.scheduler.stop()
         for _ in threads:
             self._buffer.put(_STOP)
         started = time.monotonic()
@@ -423,6 +452,8 @@ class Worker:
             leftovers = list(self._inflight.values())
             self._inflight.clear()
         self._heartbeat.stop()
+        if self._scheduler_thread is not None:
+            self._scheduler_thread.join()
         if leftovers:
             for item in leftovers:
                 item.mark_lost("released at shutdown")

@@ -10,9 +10,10 @@ How a document's fenced blocks are treated (STYLE.md convention 11):
 * ```` ```python-fragment ```` — an excerpt that cannot run on its own; shown, not run.
 * ```` ```sh ```` whose first command starts with ``jobguard`` — each command runs with the
   installed entry point in that directory and must exit 0, or the code named by a trailing
-  ``# exit N`` comment. A ``worker`` command without ``--burst`` runs until stopped, so it is
-  run twice: first with ``--burst`` appended (the queues drain, so later examples see a settled
-  store), then exactly as written, stopped with SIGTERM once started; it must exit 0.
+  ``# exit N`` comment. A ``worker`` command without ``--burst`` (or a ``scheduler`` without
+  ``--once``) runs until stopped, so it is run twice: first with ``--burst`` (``--once``)
+  appended (the queues drain, so later examples see a settled store), then exactly as written,
+  stopped with SIGTERM once started; it must exit 0.
   ``dashboard`` and ``exporter`` serve until stopped too: they run as written and get SIGTERM
   once they printed their address. Other shell blocks (installation commands) are not run here.
 
@@ -161,14 +162,17 @@ def write_module(block: Block, workdir: Path) -> None:
 # Commands that serve until stopped: what they print on stderr once started, and once stopped.
 SERVING = {
     "worker": ("worker ", "worker stopped"),
+    "scheduler": ("scheduler ", "scheduler stopped"),
     "dashboard": ("dashboard at ", "dashboard stopped"),
     "exporter": ("exporter serving ", "exporter stopped"),
 }
+# The flag that makes a serving command return once it has done what is due.
+ONE_SHOT = {"worker": "--burst", "scheduler": "--once"}
 
 
 def long_running(args: list[str]) -> str | None:
     """The serving command ``args`` runs until stopped, if any (``worker --burst`` ends)."""
-    if "--help" in args or "--burst" in args:
+    if "--help" in args or any(flag in args for flag in ONE_SHOT.values()):
         return None
     return next((name for name in SERVING if name in args), None)
 
@@ -209,8 +213,8 @@ def run_shell(block: Block, workdir: Path) -> None:
         )
         args = words[1:]
         serving = long_running(args) if expected == 0 else None  # `# exit 2` ends at once
-        if serving == "worker":
-            run_shell_command(block, command, [*args, "--burst"], workdir, 0)
+        if serving in ONE_SHOT:
+            run_shell_command(block, command, [*args, ONE_SHOT[serving]], workdir, 0)
         if serving is not None:
             run_until_started_then_sigterm(block, command, args, workdir, serving)
         else:

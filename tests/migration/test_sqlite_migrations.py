@@ -30,7 +30,7 @@ from jobguard.exceptions import ConfigurationError, StoreUnavailableError
 from jobguard.models import JobSpec, JobStatus
 
 LATEST = load_migrations("jobguard.backends.sqlite")[-1][0]
-TABLES = {"jobs", "attempts", "locks", "operations", "steps"}
+TABLES = {"jobs", "attempts", "locks", "operations", "steps", "schedules"}
 
 
 def inspect_file(path: Path) -> tuple[int, str, dict[str, str]]:

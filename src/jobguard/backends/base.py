@@ -34,6 +34,7 @@ from jobguard.models import (
     Outcome,
     OutcomeCount,
     QueueStats,
+    ScheduleState,
 )
 
 T = TypeVar("T")
@@ -356,7 +357,29 @@ class InspectPort(Protocol):
         """The most recent operator actions, newest first."""
 
 
-class Backend(QueuePort, LockPort, OperationPort, AttemptPort, InspectPort, Protocol):
+class SchedulePort(Protocol):
+    """The cursor of each periodic schedule: which ticks are already decided."""
+
+    def schedule_states(self) -> list[ScheduleState]:
+        """Every schedule the store has seen, by name."""
+
+    def advance_schedule(
+        self,
+        name: str,
+        expected: int | None,
+        cursor: int,
+        ticks: Sequence[tuple[int, JobSpec]],
+    ) -> list[Job] | None:
+        """Move the schedule's cursor from ``expected`` to ``cursor`` and enqueue its ticks' jobs.
+
+        Atomic: one transaction. The cursor moves only if it still is ``expected`` (``None``: the
+        store has no row for ``name`` yet); then each ``(tick, spec)`` is enqueued (deduplicated
+        as by :meth:`QueuePort.enqueue`) and the newest tick with its job is recorded. Returns
+        ``None``, having written nothing, when another scheduler moved the cursor first.
+        """
+
+
+class Backend(QueuePort, LockPort, OperationPort, AttemptPort, InspectPort, SchedulePort, Protocol):
     """A store that implements every port. ``close()`` releases its connections.
 
     Attributes:

@@ -50,6 +50,8 @@ COMMANDS = {
     "migrate": "jobguard.cli.migrate_cmd:migrate",
     "exporter": "jobguard.cli.exporter_cmd:exporter",
     "dashboard": "jobguard.cli.dashboard_cmd:dashboard",
+    "scheduler": "jobguard.cli.schedule_cmd:scheduler",
+    "schedules": "jobguard.cli.schedule_cmd:schedules",
 }
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
@@ -64,6 +66,8 @@ SHORT_HELP = {
     "jobs": "List jobs, newest first.",
     "migrate": "Apply the store's schema migrations (--dry-run shows the SQL).",
     "prune": "Delete old completed jobs and their attempts (retention).",
+    "scheduler": "Enqueue each tick of the periodic tasks as one job.",
+    "schedules": "List the periodic tasks, their next fire times and last tick.",
     "worker": "Run a worker process.",
 }
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Callable
-from types import FrameType
+
+from jobguard.process import on_stop_signals
 
 
 def stop_on_signals(stop: Callable[[], None]) -> Callable[[], None]:
@@ -15,16 +14,4 @@ def stop_on_signals(stop: Callable[[], None]) -> Callable[[], None]:
     gracefully instead of killing it. Off the main thread (signals cannot be handled there) it
     does nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-    return restore
+    return on_stop_signals(lambda signum: stop())

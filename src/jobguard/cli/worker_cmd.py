@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-
 import click
 
 from jobguard.app import App
@@ -12,6 +9,7 @@ from jobguard.cli.jobs_cmd import SECONDS
 from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
 from jobguard.hooks import HookChain, Hooks
+from jobguard.process import ignore_stop_signals
 from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH
 
 
@@ -85,6 +83,11 @@ def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> s
     help="Address the metrics endpoint binds to.",
 )
 @click.option("--log-json", is_flag=True, help="Log one JSON line per attempt event on stderr.")
+@click.option(
+    "--schedule",
+    is_flag=True,
+    help="Also enqueue the ticks of the app's periodic tasks (a scheduler thread).",
+)
 @click.pass_obj
 def worker(
     state: CliState,
@@ -98,6 +101,7 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     log_json: bool,
+    schedule: bool,
 ) -> None:
     """Fetch and run jobs until SIGTERM/SIGINT (graceful) or, with --burst, until idle."""
     app = state.app_with_tasks()
@@ -110,6 +114,7 @@ def worker(
         grace_s=grace_s,
         worker_id=worker_id,
         retention_s=retention_s,
+        schedule=schedule,
     )
     # For the rest of the process's life: Worker.run installs its own handlers only while it
     # runs, and a signal before (while the store opens) or after (while the process exits)
@@ -122,9 +127,7 @@ def worker(
     stats = runner.run(burst=burst)
     # The work is done and the process is exiting: a late signal must not turn a clean stop
     # into death by signal (the interpreter resets Python-level handlers while it shuts down).
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()
     summary = ", ".join(f"{k}={v}" for k, v in sorted(stats.outcomes.items())) or "no jobs"
     click.echo(f"worker stopped: {summary}; released {stats.released}", err=True)
     if runner.failure is not None:

@@ -304,3 +304,20 @@ VALUES (%(now)s, %(actor)s, %(action)s, %(target)s, %(detail)s);
 
 -- name: audit_trail
 SELECT * FROM {schema}.audit ORDER BY id DESC LIMIT %(limit)s;
+-- name: schedule_states
+SELECT * FROM {schema}.schedules ORDER BY name;
+
+-- name: insert_schedule
+-- The first scheduler to see a schedule creates its row; a concurrent one changes nothing.
+INSERT INTO {schema}.schedules (name, cursor, updated_at) VALUES (%(name)s, %(cursor)s, %(now)s)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: advance_schedule
+-- Compare-and-set: only the scheduler that read the current cursor moves it. A concurrent
+-- update waits for the row and then finds the cursor moved (READ COMMITTED re-checks the WHERE).
+UPDATE {schema}.schedules SET cursor = %(cursor)s, updated_at = %(now)s
+WHERE name = %(name)s AND cursor = %(expected)s;
+
+-- name: record_schedule_job
+UPDATE {schema}.schedules SET last_tick = %(tick)s, last_job_id = %(job_id)s
+WHERE name = %(name)s;

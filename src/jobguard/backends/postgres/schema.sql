@@ -112,3 +112,15 @@ CREATE TABLE audit (
     target  text NOT NULL,
     detail  text NOT NULL DEFAULT ''
 );
+
+-- Periodic schedules: one row per schedule, the cursor every scheduler moves with compare-and-set.
+-- Ticks are whole seconds since the Unix epoch (UTC).
+CREATE TABLE schedules (
+    name         text    PRIMARY KEY,
+    -- The newest tick decided: enqueued, or passed over by the missed-tick policy.
+    cursor       bigint  NOT NULL,
+    -- The newest tick enqueued, and its job.
+    last_tick    bigint,
+    last_job_id  bigint,
+    updated_at   double precision NOT NULL
+);

@@ -19,6 +19,7 @@ from jobguard.models import (
     OperationStatus,
     Outcome,
     QueueStats,
+    ScheduleState,
 )
 
 
@@ -142,4 +143,15 @@ def audit_entry(row: Row) -> AuditEntry:
         action=row["action"],
         target=row["target"],
         detail=row["detail"],
+    )
+
+
+def schedule_state(row: Row) -> ScheduleState:
+    """A ``schedules`` row as a :class:`ScheduleState`."""
+    return ScheduleState(
+        name=row["name"],
+        cursor=row["cursor"],
+        last_tick=row["last_tick"],
+        last_job_id=row["last_job_id"],
+        updated_at=row["updated_at"],
     )

@@ -53,6 +53,7 @@ from jobguard.models import (
     Outcome,
     OutcomeCount,
     QueueStats,
+    ScheduleState,
 )
 
 T = TypeVar("T")
@@ -881,6 +882,41 @@ class SQLStore:
     def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent operator actions, newest first."""
         return [rows.audit_entry(row) for row in self._read_all("audit_trail", {"limit": limit})]
+
+    # -- schedule port --------------------------------------------------------------------------
+
+    def schedule_states(self) -> list[ScheduleState]:
+        """Every schedule's cursor and newest enqueued tick, by name."""
+        return [rows.schedule_state(row) for row in self._read_all("schedule_states", {})]
+
+    def advance_schedule(
+        self,
+        name: str,
+        expected: int | None,
+        cursor: int,
+        ticks: Sequence[tuple[int, JobSpec]],
+    ) -> list[Job] | None:
+        """Compare-and-set the cursor and enqueue the ticks' jobs, in one transaction."""
+
+        def op(tx: Tx) -> list[Job] | None:
+            now = tx.now()
+            params = {"name": name, "cursor": cursor, "expected": expected, "now": now}
+            query = "insert_schedule" if expected is None else "advance_schedule"
+            if tx.run(query, params) != 1:
+                return None  # another scheduler decided first; nothing is written
+            jobs = [self._insert(tx, spec, now) for _, spec in ticks]
+            if ticks:
+                tx.run(
+                    "record_schedule_job",
+                    {"name": name, "tick": ticks[-1][0], "job_id": jobs[-1].id},
+                )
+            return jobs
+
+        jobs = self.driver.write(op)
+        added = sorted({job.queue for job in jobs or () if not job.deduplicated})
+        if added:
+            self.driver.jobs_added(added)
+        return jobs
 
 
 # Which columns of each per-queue read feed QueueStats.

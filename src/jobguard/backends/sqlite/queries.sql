@@ -291,3 +291,18 @@ VALUES (:now, :actor, :action, :target, :detail);
 
 -- name: audit_trail
 SELECT * FROM audit ORDER BY id DESC LIMIT :limit;
+-- name: schedule_states
+SELECT * FROM schedules ORDER BY name;
+
+-- name: insert_schedule
+-- The first scheduler to see a schedule creates its row; a concurrent one changes nothing.
+INSERT INTO schedules (name, cursor, updated_at) VALUES (:name, :cursor, :now)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: advance_schedule
+-- Compare-and-set: only the scheduler that read the current cursor moves it.
+UPDATE schedules SET cursor = :cursor, updated_at = :now
+WHERE name = :name AND cursor = :expected;
+
+-- name: record_schedule_job
+UPDATE schedules SET last_tick = :tick, last_job_id = :job_id WHERE name = :name;
