@@ -1,4 +1,4 @@
-"""Fixtures of the end-to-end tests."""
+"""Fixtures of the end-to-end tests: an app on each backend."""
 
 from __future__ import annotations
 
@@ -15,3 +15,9 @@ def store_app(store_url: str) -> Iterator[App]:
     application = App(store_url)
     yield application
     application.close()
+
+
+@pytest.fixture
+def app(store_app: App) -> App:
+    """The end-to-end tests' ``app``: on a fresh store of each backend, not only SQLite."""
+    return store_app

@@ -18,12 +18,6 @@ from jobguard.testing import drain
 from tests.support import stores
 
 
-@pytest.fixture
-def app(store_app: App) -> App:
-    """The tests' app: on a fresh store of each backend."""
-    return store_app
-
-
 def test_async_handlers_are_awaited_on_one_loop_the_worker_owns(app: App) -> None:
     """Every async job of a worker runs on the same loop, on a thread of its own (not a handler
     thread), and its return value is stored as a sync handler's is."""

@@ -8,8 +8,6 @@ on with the other jobs: no crash loop, nothing lost.
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +22,7 @@ from jobguard import (
     UnknownTaskError,
 )
 from jobguard.app import DEFAULT_MAX_PAYLOAD_BYTES
+from tests.support import stores
 from tests.support.procs import spawn_worker, workers
 from tests.support.queue_app import NOOP, make_app
 
@@ -40,14 +39,10 @@ def register_echo(app: App) -> Any:
     return echo
 
 
-def corrupt_payload(db_path: Path, job_id: int, payload: str) -> None:
+def corrupt_payload(url: str, job_id: int, payload: str) -> None:
     """Overwrite a stored job's payload behind jobguard's back (a bad producer, a bad migration)."""
-    conn = sqlite3.connect(db_path)
-    try:
-        with conn:
-            conn.execute("UPDATE jobs SET payload = ? WHERE id = ?", (payload, job_id))
-    finally:
-        conn.close()
+    update = f"UPDATE {stores.table(url, 'jobs')} SET payload = ? WHERE id = ?"
+    stores.execute(url, [update], [(payload, job_id)])
 
 
 def test_unknown_task_name_is_refused_at_enqueue_and_nothing_is_stored(app: App) -> None:
@@ -141,7 +136,7 @@ def test_arguments_that_do_not_match_the_handler_are_refused_at_enqueue(
 
 
 def test_rows_the_worker_cannot_run_land_in_the_dlq_with_their_reason_and_the_rest_complete(
-    db_path: Path,
+    store_url: str,
 ) -> None:
     """A job of a task the worker does not know, and stored payloads that are not JSON, not an
     object, or do not fit the handler, are each buried after one delivery with the reason; the
@@ -149,7 +144,7 @@ def test_rows_the_worker_cannot_run_land_in_the_dlq_with_their_reason_and_the_re
 
     Issue 2 acceptance 9; R7.1, invariant 1 (nothing lost).
     """
-    url = f"sqlite:///{db_path}"
+    url = store_url
     producer = App(url)
     worker_app = App(url)
     try:
@@ -170,10 +165,10 @@ def test_rows_the_worker_cannot_run_land_in_the_dlq_with_their_reason_and_the_re
             "payload does not match the handler's arguments": echo.enqueue(text="soon wrong"),
         }
         good += [echo.enqueue(text=f"ok {i}") for i in range(3, 6)]
-        corrupt_payload(db_path, bad_rows["payload is not valid JSON"].id, '{"text": "half')
-        corrupt_payload(db_path, bad_rows["payload is not a JSON object but list"].id, "[1, 2]")
+        corrupt_payload(url, bad_rows["payload is not valid JSON"].id, '{"text": "half')
+        corrupt_payload(url, bad_rows["payload is not a JSON object but list"].id, "[1, 2]")
         corrupt_payload(
-            db_path, bad_rows["payload does not match the handler's arguments"].id, '{"txt": 1}'
+            url, bad_rows["payload does not match the handler's arguments"].id, '{"txt": 1}'
         )
 
         stats = worker_app.worker(concurrency=2, install_signal_handlers=False).run(burst=True)
@@ -204,14 +199,14 @@ def test_rows_the_worker_cannot_run_land_in_the_dlq_with_their_reason_and_the_re
 
 @pytest.mark.chaos
 def test_worker_process_buries_unrunnable_rows_and_keeps_working_without_a_crash_loop(
-    db_path: Path,
+    store_url: str,
 ) -> None:
     """A real worker process given unrunnable rows between good jobs buries each once, runs the
     good ones, and exits 0 when idle (burst): no crash loop, nothing lost.
 
     Issue 2 acceptance 9; R7.1, invariant 1.
     """
-    url = f"sqlite:///{db_path}"
+    url = store_url
     producer = make_app(url)
     try:
 
@@ -224,7 +219,7 @@ def test_worker_process_buries_unrunnable_rows_and_keeps_working_without_a_crash
         stray_job = stray.enqueue()
         corrupt = noop.enqueue(n=99)
         jobs += [noop.enqueue(n=i) for i in range(5, 10)]
-        corrupt_payload(db_path, corrupt.id, "not json at all")
+        corrupt_payload(url, corrupt.id, "not json at all")
 
         proc = spawn_worker(url, "tests.support.queue_app", burst=True, concurrency=2)
         with workers(proc):

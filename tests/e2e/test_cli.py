@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,24 +24,17 @@ from click.testing import CliRunner, Result
 
 from jobguard import App, JobStatus, Outcome
 from jobguard.cli.main import COMMANDS, cli
+from tests.support import stores
 from tests.support.procs import clean_env, entry_point, wait_until
 
 APP_SOURCE = '''
-"""A small shop used by the CLI tests."""
-import sqlite3
+"""A small shop used by the CLI tests (its table is made by the test beside the store)."""
 import time
-from contextlib import closing, contextmanager
 from pathlib import Path
 
 from jobguard import App, Context
 
-PATH = {path!r}
-app = App("sqlite:///" + PATH)
-
-with closing(sqlite3.connect(PATH)) as conn, conn:
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS fulfilled (order_id INTEGER PRIMARY KEY, attempt INTEGER)"
-    )
+app = App({url!r})
 
 
 @app.task(name="charge", fatal=(ValueError,))
@@ -52,7 +44,7 @@ def charge(ctx: Context, order_id: int) -> None:
 
 
 def record(conn, order_id, attempt):
-    conn.execute("INSERT INTO fulfilled (order_id, attempt) VALUES (?, ?)", (order_id, attempt))
+    conn.execute({insert!r}, (order_id, attempt))
 
 
 @app.task(
@@ -77,7 +69,7 @@ class Shop:
 
     module: str
     directory: Path
-    db: Path
+    url: str  # the ``--url`` value
     store: App
 
     @property
@@ -85,27 +77,36 @@ class Shop:
         """The ``--app`` value."""
         return f"{self.module}:app"
 
-    @property
-    def url(self) -> str:
-        """The ``--url`` value."""
-        return f"sqlite:///{self.db}"
-
     def fulfilled(self) -> list[tuple[int, int]]:
         """Rows the ``fulfill`` handler committed through ``ctx.db_step``."""
-        with closing(sqlite3.connect(self.db)) as conn:
-            return list(conn.execute("SELECT order_id, attempt FROM fulfilled ORDER BY order_id"))
+        fulfilled = stores.table(self.url, "fulfilled")
+        return [
+            (row[0], row[1])
+            for row in stores.query(
+                self.url, f"SELECT order_id, attempt FROM {fulfilled} ORDER BY order_id"
+            )
+        ]
 
 
 @pytest.fixture
-def shop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shop]:
-    """A uniquely named app module in ``tmp_path`` (the working directory), imported by --app."""
+def shop(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shop]:
+    """A uniquely named app module in ``tmp_path`` (the working directory), imported by --app,
+    on a fresh store of each backend."""
     module = f"cli_shop_{uuid.uuid4().hex[:12]}"
-    db = tmp_path / "shop.db"
-    (tmp_path / f"{module}.py").write_text(APP_SOURCE.format(path=str(db)))
+    store = App(store_url)
+    _ = store.backend  # the SQLite file exists before the business table goes into it
+    fulfilled = stores.table(store_url, "fulfilled")
+    stores.execute(
+        store_url,
+        [f"CREATE TABLE {fulfilled} (order_id INTEGER PRIMARY KEY, attempt INTEGER)"],
+    )
+    insert = stores.dialect_sql(
+        store_url, f"INSERT INTO {fulfilled} (order_id, attempt) VALUES (?, ?)"
+    )
+    (tmp_path / f"{module}.py").write_text(APP_SOURCE.format(url=store_url, insert=insert))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # undone at teardown, with load_app's insert
-    store = App(f"sqlite:///{db}")
-    yield Shop(module, tmp_path, db, store)
+    yield Shop(module, tmp_path, store_url, store)
     store.close()
     imported = sys.modules.pop(module, None)
     if imported is not None:
@@ -219,8 +220,10 @@ def test_enqueue_applies_delay_priority_queue_and_dedup_window(shop: Shop) -> No
     job = shop.store.get_job(shown["id"])
     assert job.run_at - job.created_at == pytest.approx(60)
     assert (job.priority, job.queue, job.dedup_key) == (9, "urgent", "k")
-    with closing(sqlite3.connect(shop.db)) as conn:
-        [(window,)] = conn.execute("SELECT dedup_window_s FROM jobs WHERE id = ?", (job.id,))
+    jobs = stores.table(shop.url, "jobs")
+    [(window,)] = stores.query(
+        shop.url, f"SELECT dedup_window_s FROM {jobs} WHERE id = ?", [job.id]
+    )
     assert window == 300
 
 
@@ -409,8 +412,8 @@ def test_dlq_list_and_show_give_reason_payload_and_every_traceback(shop: Shop) -
 def test_dlq_replay_requeues_the_same_job_with_its_keys(shop: Shop) -> None:
     """`dlq replay` puts the dead job back: same id, arguments and operation key (R7.3)."""
     run("--app", shop.app_path, "enqueue", "fulfill", "--kwargs", '{"order_id": 8}')
-    with closing(sqlite3.connect(shop.db)) as conn, conn:
-        conn.execute("UPDATE jobs SET status = 'dead', dead_reason = 'test: buried by hand'")
+    jobs = stores.table(shop.url, "jobs")
+    stores.execute(shop.url, [f"UPDATE {jobs} SET status = 'dead', dead_reason = 'test: by hand'"])
 
     replayed = run("--url", shop.url, "dlq", "replay", "1")
     again = run("--url", shop.url, "dlq", "replay", "1")

@@ -17,6 +17,17 @@ How a document's fenced blocks are treated (STYLE.md convention 11):
   ``dashboard`` and ``exporter`` serve until stopped too: they run as written and get SIGTERM
   once they printed their address. Other shell blocks (installation commands) are not run here.
 
+Every document runs once per backend, in a fresh directory each time:
+
+* on ``sqlite``, exactly as written;
+* on ``postgres``, with each ``sqlite:///NAME`` URL replaced by a fresh, migrated PostgreSQL store
+  of its own (what the docs tell a reader to do: give the ``postgresql://`` URL instead, after
+  ``jobguard migrate``), and each ``postgresql://app@localhost/NAME`` (the database the
+  PostgreSQL examples name) by a fresh database of its own.
+* A block with the option ``backend=sqlite`` or ``backend=postgres`` shows that backend itself
+  (SQLite's file and pragmas, ``sqlite3`` business tables; psycopg and ``jobguard migrate``) and
+  runs only in that backend's pass. A document is run on a backend only if some block runs there.
+
 Reference tables are preceded by a marker comment and compared with the code:
 ``<!-- defaults: module:Callable -->`` (every parameter, with its default),
 ``<!-- options: COMMAND -->`` (every option of a CLI command, with its default) and
@@ -44,6 +55,7 @@ import click
 import pytest
 
 from jobguard.cli.main import cli
+from tests.support import pg
 from tests.support.procs import clean_env, entry_point
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +70,9 @@ SHELL = {"sh", "bash", "shell", "console"}
 UNMARKED_PYTHON = {"py", "python3", "pycon", "ipython"}
 EXIT_COMMENT = re.compile(r"\s#\s*exit\s+(\d+)\s*$")
 TIMEOUT_S = 60.0
+BACKENDS = ("sqlite", "postgres")
+SQLITE_URL = re.compile(r"sqlite:///([\w.-]+)")
+EXAMPLE_DATABASE_URL = re.compile(r"postgresql://app@localhost/(\w+)")
 
 
 @dataclass
@@ -80,6 +95,43 @@ class Block:
             else self.document.name
         )
         return f"{shown}:{self.line}"
+
+
+def runs_on(block: Block, backend: str) -> bool:
+    """Whether the block runs in ``backend``'s pass (``backend=NAME`` restricts it to one)."""
+    only = block.options.get("backend")
+    assert only is None or only in BACKENDS, f"{block.where}: unknown backend={only}"
+    return only is None or only == backend
+
+
+class PostgresStores:
+    """The stores of one document's PostgreSQL pass, made on first mention, dropped at close."""
+
+    def __init__(self) -> None:
+        self.stores: dict[str, str] = {}
+        self.databases: dict[str, str] = {}
+
+    def store(self, name: str) -> str:
+        """A fresh, migrated jobguard store standing in for ``sqlite:///NAME``."""
+        if name not in self.stores:
+            self.stores[name] = pg.fresh_store_url(pg.session_database())
+        return self.stores[name]
+
+    def database(self, name: str) -> str:
+        """A fresh, empty database standing in for ``postgresql://app@localhost/NAME``."""
+        if name not in self.databases:
+            self.databases[name] = pg.create_database()
+        return self.databases[name]
+
+    def substitute(self, code: str) -> str:
+        """The example's code with its URLs pointing at this pass's stores and databases."""
+        code = SQLITE_URL.sub(lambda match: self.store(match.group(1)), code)
+        return EXAMPLE_DATABASE_URL.sub(lambda match: self.database(match.group(1)), code)
+
+    def close(self) -> None:
+        """Drop the databases made here (stores live in the session's database)."""
+        while self.databases:
+            pg.drop_database(self.databases.popitem()[1])
 
 
 def parse_blocks(document: Path) -> list[Block]:
@@ -236,13 +288,26 @@ def is_jobguard_shell(block: Block) -> bool:
     return bool(commands) and commands[0][0].split()[0] == "jobguard"
 
 
-def run_document(document: Path, workdir: Path) -> None:
-    """Run a document's examples in order in ``workdir``; raise AssertionError on the first
-    that fails. See the module docstring for the rules."""
-    for block in parse_blocks(document):
-        assert block.lang not in UNMARKED_PYTHON, (
-            f"{block.where}: mark Python as ```python (run) or ```python-fragment (not run)"
+def is_executed(block: Block) -> bool:
+    """Python that runs (a script or a module) or a block of ``jobguard`` commands."""
+    return block.lang == "python" or (block.lang in SHELL and is_jobguard_shell(block))
+
+
+def run_document(
+    document: Path, workdir: Path, backend: str = "sqlite", postgres: PostgresStores | None = None
+) -> None:
+    """Run a document's examples for ``backend`` in order in ``workdir``; raise AssertionError
+    on the first that fails. See the module docstring for the rules."""
+    for written in parse_blocks(document):
+        assert written.lang not in UNMARKED_PYTHON, (
+            f"{written.where}: mark Python as ```python (run) or ```python-fragment (not run)"
         )
+        if not runs_on(written, backend):
+            continue
+        block = written
+        if backend == "postgres":
+            assert postgres is not None, "the PostgreSQL pass needs its stores"
+            block = dataclasses.replace(written, code=postgres.substitute(written.code))
         if block.lang == "python" and "file" in block.options:
             write_module(block, workdir)
         elif block.lang == "python":
@@ -251,10 +316,23 @@ def run_document(document: Path, workdir: Path) -> None:
             run_shell(block, workdir)
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=[p.name for p in DOCUMENTS])
-def test_every_example_of_the_document_runs(document: Path, tmp_path: Path) -> None:
-    """Each python block exits 0 and each jobguard command exits as documented (STYLE 11)."""
-    run_document(document, tmp_path)
+RUNS = [
+    pytest.param(document, backend, id=f"{document.name}-{backend}")
+    for document in DOCUMENTS
+    for backend in BACKENDS
+    if any(is_executed(b) and runs_on(b, backend) for b in parse_blocks(document))
+]
+
+
+@pytest.mark.parametrize(("document", "backend"), RUNS)
+def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_path: Path) -> None:
+    """Each python block exits 0 and each jobguard command exits as documented (STYLE 11), on
+    SQLite as written and on PostgreSQL with the store URLs replaced."""
+    postgres = PostgresStores()
+    try:
+        run_document(document, tmp_path, backend, postgres)
+    finally:
+        postgres.close()
 
 
 @pytest.mark.parametrize(
@@ -289,6 +367,58 @@ def test_the_runner_fails_on_a_broken_example(tmp_path: Path, markdown: str, nee
         run_document(document, workdir)
 
 
+def test_each_pass_runs_only_the_blocks_of_its_backend(tmp_path: Path) -> None:
+    """``backend=NAME`` blocks run in that backend's pass only; an unknown name is an error."""
+    document = tmp_path / "marked.md"
+    document.write_text(
+        "```python backend=postgres\nraise SystemExit('not on sqlite')\n```\n"
+        "```python backend=sqlite\nraise SystemExit('not on postgres')\n```\n"
+    )
+    postgres = PostgresStores()
+    try:
+        with pytest.raises(AssertionError, match="not on sqlite"):
+            run_document(document, tmp_path, "postgres", postgres)
+        with pytest.raises(AssertionError, match="not on postgres"):
+            run_document(document, tmp_path, "sqlite")
+    finally:
+        postgres.close()
+    document.write_text("```python backend=mysql\nprint('never')\n```\n")
+    with pytest.raises(AssertionError, match="unknown backend=mysql"):
+        run_document(document, tmp_path)
+
+
+def test_the_postgres_pass_gives_each_named_store_and_database_its_own(tmp_path: Path) -> None:
+    """On PostgreSQL a ``sqlite:///NAME`` URL is one fresh store for the whole document, in code
+    and in commands alike, and ``postgresql://app@localhost/NAME`` is one fresh database."""
+    document = tmp_path / "both.md"
+    document.write_text(
+        "```python\n"
+        "from jobguard import App\n"
+        "app = App('sqlite:///a.db')\n"
+        "assert app.url.startswith('postgresql://'), app.url\n"
+        "@app.task(name='t')\n"
+        "def t(ctx): ...\n"
+        "t.enqueue()\n"
+        "assert len(App('sqlite:///b.db').jobs()) == 0\n"
+        "```\n"
+        "```sh\njobguard --url sqlite:///a.db attempts --job 1\n```\n"
+        "```python\n"
+        "import psycopg\n"
+        "with psycopg.connect('postgresql://app@localhost/shop') as conn:\n"
+        "    assert conn.execute('SELECT count(*) FROM pg_tables WHERE schemaname = %s',\n"
+        "                        ['public']).fetchone() == (0,)\n"
+        "```\n"
+    )
+    postgres = PostgresStores()
+    try:
+        run_document(document, tmp_path, "postgres", postgres)
+        assert set(postgres.stores) == {"a.db", "b.db"}
+        assert set(postgres.databases) == {"shop"}
+    finally:
+        postgres.close()
+    assert postgres.databases == {}
+
+
 def test_the_runner_skips_fragments_and_non_jobguard_shell(tmp_path: Path) -> None:
     """Fragments and installation commands are shown, not run."""
     document = tmp_path / "fine.md"
@@ -308,11 +438,7 @@ def test_the_runner_skips_fragments_and_non_jobguard_shell(tmp_path: Path) -> No
 )
 def test_every_document_has_examples_that_run(document: Path) -> None:
     """A document cannot hide all its code in blocks that are never executed."""
-    executed = [
-        b
-        for b in parse_blocks(document)
-        if b.lang == "python" or (b.lang in SHELL and is_jobguard_shell(b))
-    ]
+    executed = [b for b in parse_blocks(document) if is_executed(b)]
     assert executed, f"{document.name} has no executed example"
 
 
@@ -377,6 +503,7 @@ def test_documented_defaults_match_the_signatures() -> None:
         "jobguard.worker:Worker",
         "jobguard.app:App.lock",
         "jobguard.backends.sqlite:SQLiteBackend",
+        "jobguard.backends.postgres:PostgresBackend",
     }
     for document, target, rows in tables:
         signature = inspect.signature(resolve(target))
@@ -410,6 +537,7 @@ def test_documented_cli_options_match_the_commands() -> None:
     tables = marked_tables("options")
     assert {target for _, target, _ in tables} >= {
         "jobguard",
+        "migrate",
         "worker",
         "enqueue",
         "jobs",

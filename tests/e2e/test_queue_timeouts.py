@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from jobguard import App, ConfigurationError, Context
 
 
 def test_task_without_timeout_takes_its_queues_timeout_and_task_setting_wins(
-    tmp_path: Path,
+    store_url: str,
 ) -> None:
     """R2.3: fast and slow jobs can live in separate queues with their own lease lengths."""
-    app = App(f"sqlite:///{tmp_path / 'jobs.db'}", queue_visibility_timeouts_s={"slow": 300})
+    app = App(store_url, queue_visibility_timeouts_s={"slow": 300})
 
     @app.task(queue="slow")
     def report(ctx: Context) -> None: ...

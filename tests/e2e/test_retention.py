@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from click.testing import CliRunner
 
@@ -32,11 +30,10 @@ def test_a_duplicate_after_pruning_is_still_acked_as_already_processed(app: App)
     assert [a.outcome for a in app.attempts(job_id=again.id)] == [Outcome.ALREADY_PROCESSED]
 
 
-def test_prune_command_reports_what_it_deleted(tmp_path: Path) -> None:
+def test_prune_command_reports_what_it_deleted(store_url: str) -> None:
     """``jobguard --url … prune --older-than-s N`` works without the app; bad ages are usage
     errors."""
-    db = tmp_path / "jobs.db"
-    app = App(f"sqlite:///{db}")
+    app = App(store_url)
 
     @app.task()
     def noop(ctx: Context) -> None: ...
@@ -45,12 +42,14 @@ def test_prune_command_reports_what_it_deleted(tmp_path: Path) -> None:
     drain(app)
     app.close()
     runner = CliRunner()
-    kept = runner.invoke(cli, ["--url", f"sqlite:///{db}", "prune", "--older-than-s", "3600"])
+    kept = runner.invoke(cli, ["--url", store_url, "prune", "--older-than-s", "3600"])
     assert (kept.exit_code, kept.output.strip()) == (0, "pruned 0 completed jobs")
-    pruned = runner.invoke(cli, ["--url", f"sqlite:///{db}", "prune", "--older-than-s", "0"])
+    pruned = runner.invoke(cli, ["--url", store_url, "prune", "--older-than-s", "0"])
     assert (pruned.exit_code, pruned.output.strip()) == (0, "pruned 1 completed job")
-    assert App(f"sqlite:///{db}").counts()[JobStatus.COMPLETED] == 0
-    bad = runner.invoke(cli, ["--url", f"sqlite:///{db}", "prune", "--older-than-s", "-1"])
+    after = App(store_url)
+    assert after.counts()[JobStatus.COMPLETED] == 0
+    after.close()
+    bad = runner.invoke(cli, ["--url", store_url, "prune", "--older-than-s", "-1"])
     assert bad.exit_code == 2
 
 

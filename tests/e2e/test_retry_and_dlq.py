@@ -1,7 +1,7 @@
 """Retries with backoff, the dead letter queue and replay, end to end (issue 2, acceptance 8).
 
-In-process workers (``jobguard.testing.drain``) on a real SQLite file: the handlers and the store
-are real, only the process boundary is left out.
+In-process workers (``jobguard.testing.drain``) on a real store of each backend: the handlers and
+the store are real, only the process boundary is left out.
 """
 
 from __future__ import annotations

@@ -12,12 +12,6 @@ from jobguard.testing import drain
 from tests.support import stores
 
 
-@pytest.fixture
-def app(store_app: App) -> App:
-    """The tests' app: on a fresh store of each backend."""
-    return store_app
-
-
 def test_a_memoised_value_comes_back_on_a_retry_exactly_as_first_returned(app: App) -> None:
     """Nested dicts, lists, floats, bools and None: equal and of the same types on attempt 2."""
     first: dict[int, Any] = {}
