@@ -8,8 +8,11 @@ A job's ``resource_key`` names the lock its deliveries take (R3). Per resource k
   short task that waits :data:`STARVED_RATIO` times its run time, at least
   :data:`STARVED_MIN_WAIT_S`, behind another task's long holds is **starved**;
 * **overlaps**: two deliveries of *different* operations (or jobs) running at once under one
-  resource key, which the lock exists to prevent. Only runs whose worker reported back count:
-  a crashed delivery's row ends when its lease was taken over, not when it stopped running;
+  resource key, which the lock exists to prevent. The first of the two must have lost its lock
+  and run on: it was refused (``fence_refused``, ``lease_refused``) or is still running. An
+  attempt's ``started_at`` is when it was leased, a moment before it took the lock, so two
+  runs that merely follow each other through the lock may seem to touch; and a crashed
+  delivery's row ends when its lease was taken over, not when it stopped running;
 * **stale fences**: ``fence_refused`` deliveries, which lost their lock while running. Their
   ``db_step`` writes were refused, but effects outside ``db_step`` may have run twice.
 """
@@ -25,6 +28,9 @@ from jobguard.diagnostics.overlaps import NOT_RUN, Run, run_of
 from jobguard.models import Attempt, Job, Outcome
 
 BUSY = "ResourceBusy"
+# A delivery still running, or refused after it ran on without its lock: only these can have
+# held a lock that another delivery was granted.
+RAN_ON = frozenset({Outcome.FENCE_REFUSED, Outcome.LEASE_REFUSED, Outcome.RUNNING})
 STARVED_RATIO = 10.0
 STARVED_MIN_WAIT_S = 1.0
 STARVED_MIN_DEFERRALS = 5
@@ -188,7 +194,7 @@ def find_resource_overlaps(
                     and first_attempt.operation_key == second_attempt.operation_key
                 ) or first.job_id == second.job_id
                 overlap_s = min(first.ended_at, second.ended_at) - second.started_at
-                if same or overlap_s <= 0:
+                if same or overlap_s <= 0 or first.outcome not in RAN_ON:
                     continue  # one operation twice is an overlap of :mod:`.overlaps`
                 found.append(
                     ResourceOverlap(

@@ -1,0 +1,193 @@
+"""The app real worker processes run in the doctor's tests (``tests.support.doctor_app``).
+
+Each task reproduces one situation the doctor must name, driven by files next to the store
+rather than by sleeps where an order of events matters:
+
+* ``rates`` fails with ``ConnectionError`` while ``<db>.down`` exists (a dependency outage);
+  ``parse`` always fails the same way for ``bad=True`` (one poison job);
+* ``crash`` SIGKILLs the worker running it; ``work`` sleeps a little, so it is running when its
+  worker dies (collateral);
+* ``notify`` (operation key) and ``ping`` (none) are enqueued with unstable dedup keys;
+* ``report`` holds the ``ledger`` lock for ``hold_s``; ``touch`` needs it for a moment;
+* ``restock`` holds the ``stock`` lock past its 1 s TTL (run it on a worker without heartbeat)
+  until ``sell`` has written under a newer fence, then writes with its stale one;
+* ``ship`` runs three steps and records a reference, unless ``skip`` makes it return early;
+* ``export`` runs longer than its 1 s lease and lock TTL on its own queue, on the heartbeat;
+* ``guarded`` (operation, resource and dedup keys, two steps, a transient failure on the first
+  delivery of ``flaky`` jobs) and ``fast`` make the healthy run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from jobguard import App, Context
+
+RATES = "rates"
+PARSE = "parse"
+CRASH = "crash"
+WORK = "work"
+NOTIFY = "notify"
+PING = "ping"
+REPORT = "report"
+TOUCH = "touch"
+RESTOCK = "restock"
+SELL = "sell"
+SHIP = "ship"
+EXPORT = "export"
+GUARDED = "guarded"
+FAST = "fast"
+EXPORT_QUEUE = "exports"
+CRASH_MAX_ATTEMPTS = 3
+WAIT_S = 15.0
+
+
+class InjectedError(Exception):
+    """A transient failure the healthy run injects on purpose."""
+
+
+def marker(db_path: str | Path, name: str) -> Path:
+    """A file next to the store that a test creates (or a handler creates) to signal ``name``."""
+    return Path(f"{db_path}.{name}")
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _nothing(conn: Any) -> int:
+    return 1
+
+
+def make_app(url: str) -> App:
+    """The doctor's tasks on the store at ``url`` (``sqlite:///PATH``)."""
+    db_path = url.removeprefix("sqlite:///")
+    app = App(url)
+    _failing_tasks(app, db_path)
+    _key_tasks(app)
+    _lock_tasks(app, db_path)
+    _healthy_tasks(app)
+    return app
+
+
+def _failing_tasks(app: App, db_path: str) -> None:
+    @app.task(
+        name=RATES,
+        operation_key="rates:{n}",
+        transient=(ConnectionError,),
+        max_attempts=4,
+        backoff_base_s=0.05,
+        backoff_cap_s=0.2,
+    )
+    def rates(ctx: Context, n: int) -> None:
+        if marker(db_path, "down").exists():
+            raise ConnectionError("the rates service did not answer")
+
+    @app.task(name=PARSE, backoff_base_s=0.01, backoff_cap_s=0.05)
+    def parse(ctx: Context, n: int, bad: bool = False) -> None:
+        if bad:
+            raise KeyError(f"feed {n} has no 'items'")
+
+    @app.task(
+        name=CRASH,
+        operation_key="crash:{n}",
+        visibility_timeout_s=1.0,
+        max_attempts=CRASH_MAX_ATTEMPTS,
+        priority=10,
+    )
+    def crash(ctx: Context, n: int) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @app.task(name=WORK, operation_key="work:{n}", visibility_timeout_s=1.0)
+    def work(ctx: Context, n: int) -> None:
+        time.sleep(0.4)
+
+
+def _key_tasks(app: App) -> None:
+    @app.task(name=NOTIFY, operation_key="notify:{user}")
+    def notify(ctx: Context, user: int) -> None:
+        ctx.step("send", lambda: user)
+
+    @app.task(name=PING)
+    def ping(ctx: Context, user: int) -> None:
+        pass
+
+
+def _lock_tasks(app: App, db_path: str) -> None:
+    @app.task(name=REPORT, operation_key="report:{n}", resource_key="ledger:{account}")
+    def report(ctx: Context, n: int, account: str, hold_s: float) -> None:
+        time.sleep(hold_s)
+
+    @app.task(name=TOUCH, operation_key="touch:{n}", resource_key="ledger:{account}")
+    def touch(ctx: Context, n: int, account: str) -> None:
+        pass
+
+    @app.task(
+        name=RESTOCK,
+        operation_key="restock:{n}",
+        resource_key="stock:{sku}",
+        lock_ttl_s=1.0,
+        backoff_base_s=0.01,
+    )
+    def restock(ctx: Context, n: int, sku: str) -> None:
+        _wait_for(marker(db_path, "sold"))
+        ctx.db_step("write", _nothing)
+
+    @app.task(
+        name=SELL,
+        operation_key="sell:{n}",
+        resource_key="stock:{sku}",
+        lock_ttl_s=1.0,
+    )
+    def sell(ctx: Context, n: int, sku: str) -> None:
+        ctx.db_step("write", _nothing)
+        marker(db_path, "sold").touch()
+
+
+def _healthy_tasks(app: App) -> None:
+    @app.task(name=SHIP, operation_key="ship:{order}")
+    def ship(ctx: Context, order: int, skip: bool = False) -> None:
+        ctx.step("pick", lambda: order)
+        if skip:
+            return
+        ctx.step("pack", lambda: order)
+        label = ctx.step("label", lambda: f"label-{order}")
+        ctx.set_external_ref(label)
+
+    @app.task(
+        name=EXPORT,
+        queue=EXPORT_QUEUE,
+        operation_key="export:{n}",
+        resource_key="export:{n}",
+        visibility_timeout_s=1.0,
+        lock_ttl_s=1.0,
+    )
+    def export(ctx: Context, n: int, run_s: float) -> None:
+        time.sleep(run_s)
+
+    @app.task(
+        name=GUARDED,
+        operation_key="guarded:{n}",
+        resource_key="account:{account}",
+        visibility_timeout_s=1.0,
+        lock_ttl_s=1.0,
+        backoff_base_s=0.05,
+        backoff_cap_s=0.1,
+    )
+    def guarded(ctx: Context, n: int, account: int, flaky: bool = False) -> None:
+        if flaky and ctx.attempt == 1:
+            raise InjectedError(f"job {n}: the first delivery fails on purpose")
+        ctx.step("debit", lambda: n)
+        time.sleep(0.15)
+        ctx.step("receipt", lambda: n)
+        ctx.set_external_ref(f"receipt-{n}")
+
+    @app.task(name=FAST)
+    def fast(ctx: Context, n: int) -> None:
+        pass
