@@ -1023,3 +1023,12 @@ def test_audit_examples_are_the_most_recent_in_numeric_order() -> None:
         Kind.MISSING_EXTERNAL_REF,
         ("op:1", "op:2", "op:3", "op:4", "op:5"),
     )
+
+
+def test_a_trickle_of_failures_among_many_successes_is_no_outage() -> None:
+    """Five jobs failing with one signature among many more that ran fine at the same time is a
+    busy task's background of transient errors, not an outage."""
+    failures = [failure(job_id, T0 + job_id) for job_id in range(1, 6)]
+    fine = [attempt(job_id=job_id, started_at=T0 + job_id % 5) for job_id in range(10, 30)]
+    assert find_outages([*failures, *fine]) == []
+    assert len(find_outages([*failures, *fine[:4]])) == 1

@@ -3,9 +3,11 @@
 When a dependency is down, every job that needs it fails with one error signature (see
 :func:`~.poison.signature_of`) until it is back. Failed deliveries (``retry`` and ``dead``) of
 one task and signature are cut into bursts wherever :data:`WINDOW_S` passes without such a
-failure; a burst that struck :data:`MIN_JOBS` jobs or more is an outage, whether its jobs were
-retried or buried, and however the retry rules treated them. One job failing again and again
-alone is a poison candidate instead (:mod:`.poison`).
+failure; a burst that struck :data:`MIN_JOBS` jobs or more, and at least :data:`MIN_SHARE` of
+the task's jobs that ran in its span, is an outage, whether its jobs were retried or buried,
+and however the retry rules treated them. The share keeps a busy task's steady trickle of
+transient errors from reading as an outage. One job failing again and again alone is a poison
+candidate instead (:mod:`.poison`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, ids, seconds
-from jobguard.diagnostics.poison import FAILED, signature_of
+from jobguard.diagnostics.poison import failures_by_signature
+from jobguard.diagnostics.retries import RUNS
 from jobguard.models import Attempt, Outcome
 
 WINDOW_S = 60.0
 MIN_JOBS = 5
+MIN_SHARE = 0.5
 MASS_BURIAL = 2
 """This many jobs of one outage buried makes it a problem rather than a warning."""
 
@@ -63,23 +67,22 @@ def find_outages(
     Args:
         attempts: The attempt log.
         window_s: Failures further apart than this belong to different bursts.
-        min_jobs: A burst that struck fewer jobs is not an outage.
+        min_jobs: A burst that struck fewer jobs, or less than :data:`MIN_SHARE` of the jobs
+            of its task that ran in its span, is not an outage.
     """
-    groups: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
-    wheres: dict[tuple[str, str], str | None] = {}
-    for attempt in sorted(attempts, key=lambda a: (a.started_at, a.id)):
-        if attempt.outcome not in FAILED or attempt.error_type is None:
-            continue
-        signature, where = signature_of(
-            attempt.error_type, attempt.error_message, attempt.traceback
-        )
-        groups[(attempt.task, signature)].append(attempt)
-        wheres[(attempt.task, signature)] = where
+    attempts = list(attempts)
+    runs: dict[str, list[Attempt]] = defaultdict(list)
+    for attempt in attempts:
+        if attempt.outcome in RUNS:
+            runs[attempt.task].append(attempt)
+    groups, wheres = failures_by_signature(attempts)
     found: list[Outage] = []
     for (task, signature), members in groups.items():
         for burst in _bursts(members, window_s):
             jobs = {a.job_id for a in burst}
-            if len(jobs) < min_jobs:
+            first_at, last_at = burst[0].started_at, burst[-1].started_at
+            ran = {a.job_id for a in runs[task] if first_at <= a.started_at <= last_at}
+            if len(jobs) < min_jobs or len(jobs) < MIN_SHARE * len(ran):
                 continue
             dead = [a for a in burst if a.outcome == Outcome.DEAD]
             latest = burst[-1]
@@ -90,7 +93,7 @@ def find_outages(
                     signature=signature,
                     where=wheres[(task, signature)],
                     message=(latest.error_message or "")[:120],
-                    first_at=burst[0].started_at,
+                    first_at=first_at,
                     last_at=max(a.ended_at or a.started_at for a in burst),
                     failures=len(burst),
                     retried=len(burst) - len(dead),

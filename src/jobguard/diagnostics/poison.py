@@ -73,6 +73,23 @@ def signature_of(
     return digest, where
 
 
+def failures_by_signature(
+    attempts: Iterable[Attempt],
+) -> tuple[dict[tuple[str, str], list[Attempt]], dict[tuple[str, str], str | None]]:
+    """Failed deliveries grouped by ``(task, signature)``, oldest first, and where each struck."""
+    groups: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
+    wheres: dict[tuple[str, str], str | None] = {}
+    for attempt in sorted(attempts, key=lambda a: (a.started_at, a.id)):
+        if attempt.outcome not in FAILED or attempt.error_type is None:
+            continue
+        signature, where = signature_of(
+            attempt.error_type, attempt.error_message, attempt.traceback
+        )
+        groups[(attempt.task, signature)].append(attempt)
+        wheres[(attempt.task, signature)] = where
+    return groups, wheres
+
+
 def repeated_errors(
     attempts: Iterable[Attempt],
     *,
@@ -90,16 +107,7 @@ def repeated_errors(
         poison_repeats: One job failing this often with one signature makes it a poison candidate.
         outages: ``(task, signature)`` pairs that struck many jobs at once: never poison.
     """
-    groups: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
-    wheres: dict[tuple[str, str], str | None] = {}
-    for attempt in sorted(attempts, key=lambda a: (a.started_at, a.id)):
-        if attempt.outcome not in FAILED or attempt.error_type is None:
-            continue
-        signature, where = signature_of(
-            attempt.error_type, attempt.error_message, attempt.traceback
-        )
-        groups[(attempt.task, signature)].append(attempt)
-        wheres[(attempt.task, signature)] = where
+    groups, wheres = failures_by_signature(attempts)
     found: list[ErrorGroup] = []
     for (task, signature), members in groups.items():
         if len(members) < min_count:
