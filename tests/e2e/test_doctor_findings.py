@@ -134,6 +134,7 @@ def test_a_crash_loop_names_the_job_present_at_every_crash_and_the_collateral(
     [loop] = of_kind(report, "crash_loop")
     assert (loop["severity"], loop["task"]) == ("problem", d.CRASH)
     assert loop["keys"]["job_ids"] == [culprit.id]
+    assert loop["keys"]["operation_keys"] == ["crash:1"]
     collateral = loop["keys"]["other_job_ids"]
     assert collateral
     assert set(collateral) <= {job.id for job in others}

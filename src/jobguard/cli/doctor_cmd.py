@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 
 import click
@@ -199,7 +199,7 @@ def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
         out.print(Text(f"  likely cause: {overlap.cause}"))
 
 
-def _print_audit(out: Console, audit: Audit) -> None:
+def _print_audit(out: Console, audit: Audit, crashed: Collection[str]) -> None:
     _heading(out, "Audit (R8.5)")
     out.print(
         f"  {audit.completed_jobs_with_key} completed jobs with an operation key; "
@@ -215,9 +215,15 @@ def _print_audit(out: Console, audit: Audit) -> None:
             line += f" (e.g. {', '.join(traces.examples_without)})"
         out.print(safe_text(line))
     missing = ", ".join(str(job_id) for job_id in audit.missing_records) or "none"
-    out.print(safe_text(f"  completed jobs without a completed operation record: {missing}"))
-    stuck = ", ".join(audit.stuck_processing) or "none"
-    out.print(safe_text(f"  operations stuck in processing with no queued or running job: {stuck}"))
+    out.print(Text(f"  completed jobs without a completed operation record: {missing}"))
+    stuck = (
+        ", ".join(
+            f"{key} (a crash loop's culprit)" if key in crashed else key
+            for key in audit.stuck_processing
+        )
+        or "none"
+    )
+    out.print(Text(f"  operations stuck in processing with no queued or running job: {stuck}"))
 
 
 def _print(diagnosis: Diagnosis) -> None:
@@ -229,7 +235,8 @@ def _print(diagnosis: Diagnosis) -> None:
     _print_resources(out, diagnosis)
     _print_durations(out, diagnosis.durations)
     _print_retries(out, diagnosis)
-    _print_audit(out, diagnosis.audit)
+    crashed = {key for loop in diagnosis.crash_loops for key in loop.operation_keys}
+    _print_audit(out, diagnosis.audit, crashed)
     out.print()
     problems, warnings, hints = diagnosis.problems, diagnosis.warnings, diagnosis.hints
     if problems:

@@ -33,6 +33,8 @@ class CrashLoop:
     """The workers that died, in order of their crash."""
     buried_job_ids: tuple[int, ...]
     """Culprits that ended in the dead letter queue."""
+    operation_keys: tuple[str, ...]
+    """The culprits' operation keys (often left stuck in ``processing``)."""
     lost_attempt_ids: tuple[int, ...]
 
 
@@ -80,6 +82,15 @@ def find_crash_loops(
                     for job_id in culprit_ids
                     if job_id in jobs and jobs[job_id].status == JobStatus.DEAD
                 ),
+                operation_keys=tuple(
+                    sorted(
+                        {
+                            key
+                            for job_id in culprit_ids
+                            if job_id in jobs and (key := jobs[job_id].operation_key)
+                        }
+                    )
+                ),
                 lost_attempt_ids=tuple(
                     sorted(a.id for a in lost if a.worker_id in crash_set and a.job_id in culprits)
                 ),
@@ -122,6 +133,7 @@ def crash_findings(loops: Iterable[CrashLoop]) -> list[Finding]:
                 keys=Keys(
                     job_ids=loop.culprit_job_ids,
                     other_job_ids=loop.collateral_job_ids,
+                    operation_keys=loop.operation_keys,
                     attempt_ids=loop.lost_attempt_ids,
                 ),
                 numbers={

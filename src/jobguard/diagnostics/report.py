@@ -115,10 +115,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
     unstable = unstable_keys(in_scope)
     shorts = short_completions(attempts)
     checked = audit(in_scope, jobs.values(), snapshot.operations, snapshot.now)
-    culprits = {job_id for loop in crash_loops for job_id in loop.culprit_job_ids}
-    crashed_operations = {
-        key for job_id in culprits if job_id in jobs and (key := jobs[job_id].operation_key)
-    }
+    crashed_operations = {key for loop in crash_loops for key in loop.operation_keys}
     findings = [
         *overlap_findings(overlaps),
         *resource_findings(resources, resource_overlaps, refused, jobs),
