@@ -14,6 +14,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +28,39 @@ from tests.support.procs import WorkerProcess, spawn_worker, wait_until, workers
 APP = "tests.support.doctor_app"
 
 
+@dataclass(frozen=True)
+class Store:
+    """The store of one test, and the directory of its marker files."""
+
+    url: str
+    markers: Path
+
+    def marker(self, name: str) -> Path:
+        """A marker file the handlers look for (see ``tests.support.doctor_app``)."""
+        return self.markers / name
+
+
 @pytest.fixture
-def app(db_path: Path) -> Iterator[App]:
-    """The doctor's app on a fresh store: the producer side of every test."""
-    application = d.make_app(f"sqlite:///{db_path}")
+def store(db_path: Path, tmp_path: Path) -> Store:
+    """A fresh store for the test."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    return Store(f"sqlite:///{db_path}", markers)
+
+
+@pytest.fixture
+def app(store: Store) -> Iterator[App]:
+    """The doctor's app on the test's store: the producer side of every test."""
+    application = d.make_app(store.url, store.markers)
     yield application
     application.close()
 
 
-def doctor(db_path: Path) -> tuple[int, dict[str, Any]]:
-    """``jobguard --url sqlite:///DB doctor --json``: the exit code and the report."""
+def doctor(store: Store) -> tuple[int, dict[str, Any]]:
+    """``jobguard --url URL doctor --json``: the exit code and the report."""
     from jobguard.cli.main import cli
 
-    result = CliRunner().invoke(cli, ["--url", f"sqlite:///{db_path}", "doctor", "--json"])
+    result = CliRunner().invoke(cli, ["--url", store.url, "doctor", "--json"])
     return result.exit_code, json.loads(result.output)
 
 
@@ -52,16 +73,22 @@ def severities(report: dict[str, Any]) -> set[str]:
     return {f["severity"] for f in report["findings"]}
 
 
-def start(db_path: Path, **options: Any) -> WorkerProcess:
+def spawn(store: Store, **options: Any) -> WorkerProcess:
+    """A worker process running the doctor's app on the test's store."""
+    env = {d.MARKERS_ENV: str(store.markers)}
+    return spawn_worker(store.url.removeprefix("sqlite:///"), APP, env=env, **options)
+
+
+def start(store: Store, **options: Any) -> WorkerProcess:
     """A worker process running the doctor's app, ready to fetch."""
-    proc = spawn_worker(db_path, APP, **options)
+    proc = spawn(store, **options)
     proc.wait_ready()
     return proc
 
 
-def drain(db_path: Path, **options: Any) -> None:
+def drain(store: Store, **options: Any) -> None:
     """Run a burst worker until nothing is ready or running."""
-    proc = spawn_worker(db_path, APP, burst=True, **options)
+    proc = spawn(store, burst=True, **options)
     with workers(proc):
         assert proc.wait(timeout_s=60) == 0
 
@@ -70,16 +97,16 @@ def status(app: App, job_id: int) -> JobStatus:
     return app.get_job(job_id).status
 
 
-def test_an_outage_is_named_as_one_and_a_mass_burial_is_a_problem(app: App, db_path: Path) -> None:
+def test_an_outage_is_named_as_one_and_a_mass_burial_is_a_problem(app: App, store: Store) -> None:
     """Many jobs failing with one signature while a dependency is down is an outage, named with
     every job it struck, a problem once it buried them; it is not a poison candidate. One job
     that always fails, next to it, is the poison candidate, named by id."""
-    d.marker(db_path, "down").touch()
+    store.marker("down").touch()
     struck = app.tasks[d.RATES].enqueue_many([{"n": n} for n in range(6)])
     poison = app.tasks[d.PARSE].enqueue(n=1, bad=True)
     fine = app.tasks[d.PARSE].enqueue(n=2)
 
-    proc = start(db_path, concurrency=3)
+    proc = start(store, concurrency=3)
     with workers(proc):  # retries wait out their backoff, so no burst worker
         wait_until(
             lambda: (
@@ -88,7 +115,7 @@ def test_an_outage_is_named_as_one_and_a_mass_burial_is_a_problem(app: App, db_p
             ),
             timeout_s=30,
         )
-    code, report = doctor(db_path)
+    code, report = doctor(store)
 
     assert code == 1
     [outage] = of_kind(report, "outage")
@@ -106,7 +133,7 @@ def test_an_outage_is_named_as_one_and_a_mass_burial_is_a_problem(app: App, db_p
 
 
 def test_a_crash_loop_names_the_job_present_at_every_crash_and_the_collateral(
-    app: App, db_path: Path
+    app: App, store: Store
 ) -> None:
     """A job whose delivery kills its worker is named as the crash loop's culprit, present at
     every crash; the jobs that died with it are collateral; it is a problem, and its stuck
@@ -114,10 +141,10 @@ def test_a_crash_loop_names_the_job_present_at_every_crash_and_the_collateral(
     culprit = app.tasks[d.CRASH].enqueue(n=1)
     others = app.tasks[d.WORK].enqueue_many([{"n": n} for n in range(12)])
     for _ in range(d.CRASH_MAX_ATTEMPTS):
-        proc = start(db_path, concurrency=2)
+        proc = start(store, concurrency=2)
         with workers(proc):
             assert proc.wait(timeout_s=30) == -signal.SIGKILL
-    last = start(db_path, concurrency=2)
+    last = start(store, concurrency=2)
     with workers(last):
         wait_until(
             lambda: (
@@ -128,7 +155,7 @@ def test_a_crash_loop_names_the_job_present_at_every_crash_and_the_collateral(
         )
     assert "never reported back" in (app.get_job(culprit.id).dead_reason or "")
 
-    code, report = doctor(db_path)
+    code, report = doctor(store)
 
     assert code == 1
     [loop] = of_kind(report, "crash_loop")
@@ -144,7 +171,7 @@ def test_a_crash_loop_names_the_job_present_at_every_crash_and_the_collateral(
 
 
 def test_unstable_dedup_keys_and_operations_enqueued_as_several_jobs_are_named(
-    app: App, db_path: Path
+    app: App, store: Store
 ) -> None:
     """A dedup key with a timestamp or a fresh id lets one action be enqueued many times: with
     an operation key to absorb them it is a warning (and the operation is named with its jobs),
@@ -156,10 +183,10 @@ def test_unstable_dedup_keys_and_operations_enqueued_as_several_jobs_are_named(
     stable = notify.options(dedup_key="notify:2").enqueue(user=2)
     pings = [ping.options(dedup_key=f"ping:7:{uuid.uuid4()}").enqueue(user=7) for _ in range(3)]
 
-    drain(db_path)
+    drain(store)
 
     assert status(app, stable.id) == JobStatus.COMPLETED
-    code, report = doctor(db_path)
+    code, report = doctor(store)
 
     assert code == 1
     [split] = of_kind(report, "split_operation")
@@ -177,12 +204,12 @@ def test_unstable_dedup_keys_and_operations_enqueued_as_several_jobs_are_named(
 
 
 def test_a_short_task_starved_behind_a_long_lock_holder_is_named_with_the_holder(
-    app: App, db_path: Path
+    app: App, store: Store
 ) -> None:
     """A short task sharing a resource key with a long one waits seconds for milliseconds of
     work through lock-busy deferrals: named per resource key and task, with the holder."""
     long_job = app.tasks[d.REPORT].enqueue(n=1, account="acme", hold_s=2.0)
-    proc = start(db_path, concurrency=6)
+    proc = start(store, concurrency=6)
     with workers(proc):
         wait_until(lambda: bool(app.attempts(job_id=long_job.id)))
         touches = app.tasks[d.TOUCH].enqueue_many([{"n": n, "account": "acme"} for n in range(5)])
@@ -191,7 +218,7 @@ def test_a_short_task_starved_behind_a_long_lock_holder_is_named_with_the_holder
             timeout_s=30,
         )
 
-    code, report = doctor(db_path)
+    code, report = doctor(store)
 
     assert code == 0, report["problems"]
     [starved] = of_kind(report, "starvation")
@@ -211,14 +238,14 @@ def test_a_short_task_starved_behind_a_long_lock_holder_is_named_with_the_holder
 
 
 def test_operations_that_overlapped_under_one_resource_and_stale_fences_are_problems(
-    app: App, db_path: Path
+    app: App, store: Store
 ) -> None:
     """With a lock TTL below the real duration (and no heartbeat to renew it), another
     operation took the lock while the first still ran: the overlap is reported per resource
     key, the stale delivery's fence_refused is surfaced, and the lock TTL advice says the lock,
     not the job, went to another worker."""
     slow = app.tasks[d.RESTOCK].enqueue(n=1, sku="kite")
-    proc = start(db_path, concurrency=2, heartbeat=False)
+    proc = start(store, concurrency=2, heartbeat=False)
     with workers(proc):
         wait_until(lambda: bool(app.attempts(job_id=slow.id)))
         quick = app.tasks[d.SELL].enqueue(n=1, sku="kite")
@@ -231,7 +258,7 @@ def test_operations_that_overlapped_under_one_resource_and_stale_fences_are_prob
         )
     [stale] = [a for a in app.attempts(job_id=slow.id) if a.outcome == Outcome.FENCE_REFUSED]
 
-    code, report = doctor(db_path)
+    code, report = doctor(store)
 
     assert code == 1
     assert report["overlaps"] == []  # two operations, not one run twice
@@ -251,7 +278,7 @@ def test_operations_that_overlapped_under_one_resource_and_stale_fences_are_prob
     assert "2 missed renewals" in ttl["summary"]
 
 
-def test_completions_that_did_less_than_usual_are_warnings(app: App, db_path: Path) -> None:
+def test_completions_that_did_less_than_usual_are_warnings(app: App, store: Store) -> None:
     """Completions that went through fewer steps than the task usually does, and operations
     completed without the external reference most of the task's have, are warnings naming the
     jobs and the most recent operations in numeric order; the exit code stays 0."""
@@ -259,10 +286,10 @@ def test_completions_that_did_less_than_usual_are_warnings(app: App, db_path: Pa
     normal = ship.enqueue_many([{"order": n} for n in range(1, 9)])
     short = ship.enqueue_many([{"order": 9, "skip": True}, {"order": 10, "skip": True}])
 
-    drain(db_path)
+    drain(store)
 
     assert all(status(app, job.id) == JobStatus.COMPLETED for job in [*normal, *short])
-    code, report = doctor(db_path)
+    code, report = doctor(store)
 
     assert code == 0, report["problems"]
     assert report["problems"] == []
@@ -276,16 +303,16 @@ def test_completions_that_did_less_than_usual_are_warnings(app: App, db_path: Pa
     assert len(report["warnings"]) == 2
 
 
-def test_a_long_task_kept_alive_by_its_heartbeat_is_healthy(app: App, db_path: Path) -> None:
+def test_a_long_task_kept_alive_by_its_heartbeat_is_healthy(app: App, store: Store) -> None:
     """A long task on its own queue, runs longer than its 1 s lease and lock TTL, renewed by the
     heartbeat with no delivery lost: no problem, no warning, exit 0; only hints."""
     jobs = app.tasks[d.EXPORT].enqueue_many([{"n": n, "run_s": 2.0} for n in range(2)])
 
-    drain(db_path, queues=[d.EXPORT_QUEUE], concurrency=2)
+    drain(store, queues=[d.EXPORT_QUEUE], concurrency=2)
 
     assert all(status(app, job.id) == JobStatus.COMPLETED for job in jobs)
     assert all(len(app.attempts(job_id=job.id)) == 1 for job in jobs)
-    code, report = doctor(db_path)
+    code, report = doctor(store)
 
     assert report["problems"] == report["warnings"] == []
     assert code == 0, report["problems"]
@@ -295,7 +322,7 @@ def test_a_long_task_kept_alive_by_its_heartbeat_is_healthy(app: App, db_path: P
 
 
 def test_a_healthy_run_with_retries_deferrals_and_killed_workers_has_no_finding(
-    app: App, db_path: Path
+    app: App, store: Store
 ) -> None:
     """Fast jobs, guarded jobs contending for three resource locks with a few transient retries,
     and two workers SIGKILLed mid-run whose jobs their leases recovered: no problem, no
@@ -306,7 +333,7 @@ def test_a_healthy_run_with_retries_deferrals_and_killed_workers_has_no_finding(
         guarded.options(dedup_key=f"guarded:{n}").enqueue(n=n, account=n % 3, flaky=n in (22, 23))
         for n in range(24)
     ]
-    first = [start(db_path, concurrency=4) for _ in range(2)]
+    first = [start(store, concurrency=4) for _ in range(2)]
     with workers(*first):
         # Both workers took work and a delivery is running: kill both at once, so no job is
         # in two crashes (that would be a crash loop).
@@ -320,7 +347,7 @@ def test_a_healthy_run_with_retries_deferrals_and_killed_workers_has_no_finding(
             proc.signal(signal.SIGKILL)
         for proc in first:
             assert proc.wait() == -signal.SIGKILL
-    last = start(db_path, concurrency=4)
+    last = start(store, concurrency=4)
     with workers(last):
         wait_until(
             lambda: all(status(app, job.id) == JobStatus.COMPLETED for job in [*fast, *jobs]),
@@ -332,7 +359,7 @@ def test_a_healthy_run_with_retries_deferrals_and_killed_workers_has_no_finding(
     assert 1 <= sum(a.outcome == Outcome.RETRY for a in attempts) <= 2
     assert any(a.outcome == Outcome.DEFERRED for a in attempts)
 
-    code, report = doctor(db_path)
+    code, report = doctor(store)
 
     assert report["problems"] == report["warnings"] == []
     assert code == 0, report["problems"]

@@ -1,9 +1,9 @@
 """The app real worker processes run in the doctor's tests (``tests.support.doctor_app``).
 
-Each task reproduces one situation the doctor must name, driven by files next to the store
-rather than by sleeps where an order of events matters:
+Each task reproduces one situation the doctor must name, driven by marker files in the test's
+directory (``DOCTOR_MARKERS``) rather than by sleeps where an order of events matters:
 
-* ``rates`` fails with ``ConnectionError`` while ``<db>.down`` exists (a dependency outage);
+* ``rates`` fails with ``ConnectionError`` while ``down`` exists (a dependency outage);
   ``parse`` always fails the same way for ``bad=True`` (one poison job);
 * ``crash`` SIGKILLs the worker running it; ``work`` sleeps a little, so it is running when its
   worker dies (collateral);
@@ -44,15 +44,16 @@ FAST = "fast"
 EXPORT_QUEUE = "exports"
 CRASH_MAX_ATTEMPTS = 3
 WAIT_S = 15.0
+MARKERS_ENV = "DOCTOR_MARKERS"
 
 
 class InjectedError(Exception):
     """A transient failure the healthy run injects on purpose."""
 
 
-def marker(db_path: str | Path, name: str) -> Path:
-    """A file next to the store that a test creates (or a handler creates) to signal ``name``."""
-    return Path(f"{db_path}.{name}")
+def markers_dir() -> Path:
+    """Where the marker files of this test live (``DOCTOR_MARKERS``, set by the test)."""
+    return Path(os.environ[MARKERS_ENV])
 
 
 def _wait_for(path: Path) -> None:
@@ -65,18 +66,23 @@ def _nothing(conn: Any) -> int:
     return 1
 
 
-def make_app(url: str) -> App:
-    """The doctor's tasks on the store at ``url`` (``sqlite:///PATH``)."""
-    db_path = url.removeprefix("sqlite:///")
+def make_app(url: str, markers: Path | None = None) -> App:
+    """The doctor's tasks on the store at ``url``.
+
+    Args:
+        url: The store.
+        markers: The directory of the marker files; default ``DOCTOR_MARKERS``.
+    """
+    where = markers or markers_dir()
     app = App(url)
-    _failing_tasks(app, db_path)
+    _failing_tasks(app, where)
     _key_tasks(app)
-    _lock_tasks(app, db_path)
+    _lock_tasks(app, where)
     _healthy_tasks(app)
     return app
 
 
-def _failing_tasks(app: App, db_path: str) -> None:
+def _failing_tasks(app: App, markers: Path) -> None:
     @app.task(
         name=RATES,
         operation_key="rates:{n}",
@@ -86,7 +92,7 @@ def _failing_tasks(app: App, db_path: str) -> None:
         backoff_cap_s=0.2,
     )
     def rates(ctx: Context, n: int) -> None:
-        if marker(db_path, "down").exists():
+        if (markers / "down").exists():
             raise ConnectionError("the rates service did not answer")
 
     @app.task(name=PARSE, backoff_base_s=0.01, backoff_cap_s=0.05)
@@ -119,7 +125,7 @@ def _key_tasks(app: App) -> None:
         pass
 
 
-def _lock_tasks(app: App, db_path: str) -> None:
+def _lock_tasks(app: App, markers: Path) -> None:
     @app.task(name=REPORT, operation_key="report:{n}", resource_key="ledger:{account}")
     def report(ctx: Context, n: int, account: str, hold_s: float) -> None:
         time.sleep(hold_s)
@@ -136,7 +142,7 @@ def _lock_tasks(app: App, db_path: str) -> None:
         backoff_base_s=0.01,
     )
     def restock(ctx: Context, n: int, sku: str) -> None:
-        _wait_for(marker(db_path, "sold"))
+        _wait_for(markers / "sold")
         ctx.db_step("write", _nothing)
 
     @app.task(
@@ -147,7 +153,7 @@ def _lock_tasks(app: App, db_path: str) -> None:
     )
     def sell(ctx: Context, n: int, sku: str) -> None:
         ctx.db_step("write", _nothing)
-        marker(db_path, "sold").touch()
+        (markers / "sold").touch()
 
 
 def _healthy_tasks(app: App) -> None:
