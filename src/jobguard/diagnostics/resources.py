@@ -9,9 +9,10 @@ A job's ``resource_key`` names the lock its deliveries take (R3). Per resource k
   :data:`STARVED_MIN_WAIT_S`, behind another task's long holds is **starved**;
 * **overlaps**: two deliveries of *different* operations (or jobs) running at once under one
   resource key, which the lock exists to prevent. The first of the two must have lost its lock
-  and run on: it was refused (``fence_refused``, ``lease_refused``) or is still running. An
-  attempt's ``started_at`` is when it was leased, a moment before it took the lock, so two
-  runs that merely follow each other through the lock may seem to touch; and a crashed
+  and run on, which its refusal proves (``fence_refused``, ``lease_refused``): an attempt's
+  ``started_at`` is when it was leased, a moment before it took the lock, so two runs that
+  merely follow each other through the lock may seem to touch; a ``running`` row may belong to
+  a worker that crashed and whose lock another delivery took, as it should; and a crashed
   delivery's row ends when its lease was taken over, not when it stopped running;
 * **stale fences**: ``fence_refused`` deliveries, which lost their lock while running. Their
   ``db_step`` writes were refused, but effects outside ``db_step`` may have run twice.
@@ -28,9 +29,9 @@ from jobguard.diagnostics.overlaps import NOT_RUN, Run, run_of
 from jobguard.models import Attempt, Job, Outcome
 
 BUSY = "ResourceBusy"
-# A delivery still running, or refused after it ran on without its lock: only these can have
-# held a lock that another delivery was granted.
-RAN_ON = frozenset({Outcome.FENCE_REFUSED, Outcome.LEASE_REFUSED, Outcome.RUNNING})
+# Refused after it ran on without its lock: only such a delivery proves it held a lock that
+# another delivery was granted.
+RAN_ON = frozenset({Outcome.FENCE_REFUSED, Outcome.LEASE_REFUSED})
 STARVED_RATIO = 10.0
 STARVED_MIN_WAIT_S = 1.0
 STARVED_MIN_DEFERRALS = 5
