@@ -108,24 +108,30 @@ def _consequence(setting: str, timeout_s: float) -> str:
     )
 
 
+def _remedy(setting: str, refused: int, target: float) -> str:
+    """What to do: raise it when it failed; when it did not, say why it may stay."""
+    if refused:
+        noun = "delivery was" if refused == 1 else "deliveries were"
+        return f"{refused} {noun} refused after it expired; raise {setting} to at least {target:g}"
+    return (
+        "no delivery lost it, so the heartbeat kept up: fine as it is (a short timeout recovers "
+        f"a crashed worker's job sooner); to ride out longer stalls, raise {setting} to at "
+        f"least {target:g}"
+    )
+
+
 def _timeout_advice(
     setting: str, timeout_s: float, stats: TaskDurations, refused: int
 ) -> Advice | None:
     target = recommended_s(stats.p99_s, stats.max_s)
-    evidence = (
-        f"{refused} {'delivery was' if refused == 1 else 'deliveries were'} refused after it "
-        "expired"
-        if refused
-        else "no delivery lost it, so the heartbeat kept up"
-    )
     if timeout_s < stats.max_s:
+        own_queue = ", or move the slow jobs to their own queue" if refused else ""
         return Advice(
             Severity.PROBLEM if refused else Severity.HINT,
             setting,
             f"{setting}={timeout_s:g} is below the longest run ({stats.max_s:.2f} s), so those "
             f"runs lived on heartbeat renewals alone: {_consequence(setting, timeout_s)}; "
-            f"{evidence}; raise {setting} to at least {target:g}, or move the slow jobs to "
-            "their own queue",
+            f"{_remedy(setting, refused, target)}{own_queue}",
             target,
         )
     if timeout_s < HEADROOM * stats.p99_s:
@@ -133,7 +139,7 @@ def _timeout_advice(
             Severity.WARNING if refused else Severity.HINT,
             setting,
             f"{setting}={timeout_s:g} is less than {HEADROOM:g}x the p99 duration "
-            f"({stats.p99_s:.2f} s); {evidence}; raise {setting} to at least {target:g}",
+            f"({stats.p99_s:.2f} s); {_remedy(setting, refused, target)}",
             target,
         )
     return None

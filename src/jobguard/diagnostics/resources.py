@@ -269,9 +269,10 @@ def resource_findings(
                 severity=Severity.PROBLEM,
                 task=task,
                 summary=(
-                    f"task {task}: {len(members)} deliveries lost their resource lock while "
-                    f"running and had a write refused by its fence (jobs {ids(job_ids)}, "
-                    f"resources {', '.join(resources) or '?'})"
+                    f"task {task}: {len(members)} "
+                    f"{'delivery' if len(members) == 1 else 'deliveries'} lost the resource "
+                    f"lock while running and had a write refused by its fence (job(s) "
+                    f"{ids(job_ids)}, resource(s) {', '.join(resources) or '?'})"
                 ),
                 advice=(
                     "their db_step writes were refused, but effects outside db_step (an email, "
