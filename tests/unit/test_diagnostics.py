@@ -372,7 +372,7 @@ def test_timeout_below_the_longest_run_is_a_problem_with_a_recommended_value() -
 
 
 def test_timeout_below_the_longest_run_kept_alive_by_the_heartbeat_is_only_a_hint() -> None:
-    """R8.3: runs longer than the timeout with no delivery refused lived on the heartbeat, as
+    """Runs longer than the timeout with no delivery refused lived on the heartbeat, as
     docs/operations.md recommends for a long task on its own queue: a hint, not a problem."""
     [advice] = advise(stats(visibility_timeout_s=4.5, runs=5))
     assert (advice.severity, advice.setting) == (Severity.HINT, "visibility_timeout_s")
@@ -391,7 +391,7 @@ def test_timeout_near_p99_is_a_warning_and_a_comfortable_one_says_nothing() -> N
 
 
 def test_lock_ttl_is_judged_like_the_visibility_timeout() -> None:
-    """R8.3: the lock TTL gets its own advice, judged on deliveries that lost their lock; the
+    """The lock TTL gets its own advice, judged on deliveries that lost their lock; the
     advice says the lock, not the job, passes to another worker; no lock (``None``) gets none."""
     [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=3.0, runs=5, lock_lost=1))
     assert (advice.severity, advice.setting) == (Severity.PROBLEM, "lock_ttl_s")

@@ -9,11 +9,11 @@ One module per check, each a pure function over :class:`~jobguard.models.Attempt
 * :mod:`.resources` — per resource key: lock contention and starvation, overlaps of different
   operations under one lock, and deliveries refused for a stale fence;
 * :mod:`.retries`, :mod:`.outages` and :mod:`.poison` — failure spikes, many jobs failing the
-  same way at once (an outage), and one job failing the same way again and again (R8.4);
+  same way at once (an outage), and one job failing the same way again and again;
 * :mod:`.crashes` — worker crashes with the same job present at each (a crash loop);
 * :mod:`.dedup` — one business operation enqueued as several jobs (unstable dedup keys);
 * :mod:`.audit` and :mod:`.completions` — completed operations, the traces they left, and
-  completions that did less than usual (R8.5).
+  completions that did less than usual.
 
 Each check also turns what it found into :class:`~.findings.Finding` values (kind, severity,
 task, keys, numbers), which :mod:`.report` collects.

@@ -1,4 +1,4 @@
-"""R8.5 in the summary: completions that did less than the task usually does, and the audit's
+"""The audit in the summary: completions that did less than the task usually does, and the audit's
 findings (missing external references, missing operation records, stuck operations).
 
 A completed delivery ran ``steps_run`` steps and skipped ``steps_skipped`` already recorded ones;

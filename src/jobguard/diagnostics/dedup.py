@@ -1,6 +1,6 @@
 """One business operation enqueued as many jobs: split operations and unstable dedup keys.
 
-A dedup key (R5) keeps a second job out only if the producer builds the same key for the same
+A dedup key keeps a second job out only if the producer builds the same key for the same
 business action. A key with a timestamp or a fresh id in it differs every time, so one action
 becomes many jobs. Two signs of it:
 
@@ -53,7 +53,7 @@ class UnstableKey:
     """Up to :data:`EXAMPLES` of the keys, in the order their jobs were enqueued."""
     job_ids: tuple[int, ...]
     absorbed: bool
-    """Every one of those jobs has an operation key (the duplicates were not run twice)."""
+    """Every one of those jobs has an operation key (the extra jobs were not run twice)."""
 
 
 def split_operations(jobs: Iterable[Job]) -> list[SplitOperation]:
@@ -99,7 +99,7 @@ def dedup_findings(
     splits: Iterable[SplitOperation], unstable: Iterable[UnstableKey]
 ) -> list[Finding]:
     """Warnings for split operations; unstable keys are a problem unless operation keys absorbed
-    the duplicates."""
+    the extra jobs."""
     found = [
         Finding(
             kind=Kind.SPLIT_OPERATION,

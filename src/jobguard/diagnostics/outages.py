@@ -1,4 +1,4 @@
-"""R8.4: an outage is not poison: many jobs failing the same way within a short window.
+"""An outage is not poison: many jobs failing the same way within a short window.
 
 When a dependency is down, every job that needs it fails with one error signature (see
 :func:`~.poison.signature_of`) until it is back. Failed deliveries (``retry`` and ``dead``) of

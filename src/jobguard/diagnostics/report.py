@@ -55,7 +55,7 @@ class Diagnosis:
         durations: R8.3, per task, the duration distribution against its timeouts, with advice.
         retries: R8.4, per task, retry and failure rates and spikes.
         errors: R8.4, the errors that repeat most, with poison candidates.
-        outages: R8.4, many jobs of a task failing the same way within a short window.
+        outages: Many jobs of a task failing the same way within a short window.
         crash_loops: Worker crashes with the same job present at each.
         split_operations: Operation keys carried by several jobs.
         unstable_dedup_keys: Dedup keys that differ only in a timestamp or a fresh id.

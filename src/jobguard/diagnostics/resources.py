@@ -1,6 +1,6 @@
 """Resource locks seen from the attempt log: contention, starvation, overlaps, stale fences.
 
-A job's ``resource_key`` names the lock its deliveries take (R3). Per resource key and task:
+A job's ``resource_key`` names the lock its deliveries take. Per resource key and task:
 
 * **contention**: lock-busy deferrals (``deferred`` attempts whose error is ``ResourceBusy``),
   how long the jobs waited for the lock (from their first delivery to the first that ran the
