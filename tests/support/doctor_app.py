@@ -181,8 +181,10 @@ def _healthy_tasks(app: App) -> None:
         name=GUARDED,
         operation_key="guarded:{n}",
         resource_key="account:{account}",
-        visibility_timeout_s=1.0,
-        lock_ttl_s=1.0,
+        # Short, so killed workers' jobs come back soon; long enough that a loaded machine
+        # does not miss 2 renewals in a row.
+        visibility_timeout_s=2.0,
+        lock_ttl_s=2.0,
         backoff_base_s=0.05,
         backoff_cap_s=0.1,
     )
