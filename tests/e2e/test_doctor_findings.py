@@ -1,4 +1,4 @@
-"""``jobguard doctor`` names the cause, against real worker processes on a real store.
+"""``jobguard doctor`` names the cause, against real worker processes on every backend.
 
 Each test builds one situation with the tasks of ``tests.support.doctor_app`` run by worker
 processes (``tests.support.run_worker``), then runs ``jobguard doctor --json`` and checks the
@@ -41,17 +41,17 @@ class Store:
 
 
 @pytest.fixture
-def store(db_path: Path, tmp_path: Path) -> Store:
-    """A fresh store for the test."""
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    return Store(f"sqlite:///{db_path}", markers)
+def store(store_url: str) -> Store:
+    """A fresh store for the test, on each backend."""
+    markers = d.markers_of(store_url)
+    markers.mkdir(parents=True, exist_ok=True)
+    return Store(store_url, markers)
 
 
 @pytest.fixture
 def app(store: Store) -> Iterator[App]:
     """The doctor's app on the test's store: the producer side of every test."""
-    application = d.make_app(store.url, store.markers)
+    application = d.make_app(store.url)
     yield application
     application.close()
 
@@ -75,8 +75,7 @@ def severities(report: dict[str, Any]) -> set[str]:
 
 def spawn(store: Store, **options: Any) -> WorkerProcess:
     """A worker process running the doctor's app on the test's store."""
-    env = {d.MARKERS_ENV: str(store.markers)}
-    return spawn_worker(store.url.removeprefix("sqlite:///"), APP, env=env, **options)
+    return spawn_worker(store.url, APP, **options)
 
 
 def start(store: Store, **options: Any) -> WorkerProcess:

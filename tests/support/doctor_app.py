@@ -1,7 +1,8 @@
 """The app real worker processes run in the doctor's tests (``tests.support.doctor_app``).
 
-Each task reproduces one situation the doctor must name, driven by marker files in the test's
-directory (``DOCTOR_MARKERS``) rather than by sleeps where an order of events matters:
+Each task reproduces one situation the doctor must name, driven by marker files beside the
+store (:func:`tests.support.stores.home_of`) rather than by sleeps where an order of events
+matters:
 
 * ``rates`` fails with ``ConnectionError`` while ``down`` exists (a dependency outage);
   ``parse`` always fails the same way for ``bad=True`` (one poison job);
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jobguard import App, Context
+from tests.support import stores
 
 RATES = "rates"
 PARSE = "parse"
@@ -44,16 +46,15 @@ FAST = "fast"
 EXPORT_QUEUE = "exports"
 CRASH_MAX_ATTEMPTS = 3
 WAIT_S = 15.0
-MARKERS_ENV = "DOCTOR_MARKERS"
 
 
 class InjectedError(Exception):
     """A transient failure the healthy run injects on purpose."""
 
 
-def markers_dir() -> Path:
-    """Where the marker files of this test live (``DOCTOR_MARKERS``, set by the test)."""
-    return Path(os.environ[MARKERS_ENV])
+def markers_of(url: str) -> Path:
+    """Where the marker files of the store at ``url`` live (beside it, whatever the backend)."""
+    return stores.home_of(url)
 
 
 def _wait_for(path: Path) -> None:
@@ -66,14 +67,9 @@ def _nothing(conn: Any) -> int:
     return 1
 
 
-def make_app(url: str, markers: Path | None = None) -> App:
-    """The doctor's tasks on the store at ``url``.
-
-    Args:
-        url: The store.
-        markers: The directory of the marker files; default ``DOCTOR_MARKERS``.
-    """
-    where = markers or markers_dir()
+def make_app(url: str) -> App:
+    """The doctor's tasks on the store at ``url`` (SQLite or PostgreSQL)."""
+    where = markers_of(url)
     app = App(url)
     _failing_tasks(app, where)
     _key_tasks(app)
