@@ -29,15 +29,15 @@ from tests.support.procs import wait_until
 REFUSED = {Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED}
 
 
-def doctor(db_path: Path, *args: str) -> Result:
-    """``jobguard --url sqlite:///DB doctor ARGS`` in-process."""
+def doctor(url: str, *args: str) -> Result:
+    """``jobguard --url URL doctor ARGS`` in-process."""
     from jobguard.cli.main import cli
 
-    return CliRunner().invoke(cli, ["--url", f"sqlite:///{db_path}", "doctor", *args])
+    return CliRunner().invoke(cli, ["--url", url, "doctor", *args])
 
 
-def doctor_json(db_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    result = doctor(db_path, "--json", *args)
+def doctor_json(url: str, *args: str) -> tuple[int, dict[str, Any]]:
+    result = doctor(url, "--json", *args)
     return result.exit_code, json.loads(result.output)
 
 
@@ -77,8 +77,9 @@ def run_stalled_overlap(app: App, job: Job) -> None:
 
 
 @pytest.fixture
-def url(db_path: Path) -> str:
-    return f"sqlite:///{db_path}"
+def url(store_url: str) -> str:
+    """A fresh store on each backend."""
+    return store_url
 
 
 @pytest.fixture
@@ -90,7 +91,7 @@ def stalled_app(url: str) -> Iterator[tuple[App, threading.Event]]:
 
 
 def test_doctor_finds_exactly_the_overlap_of_a_stalled_delivery_and_advises_the_timeout(
-    stalled_app: tuple[App, threading.Event], db_path: Path
+    stalled_app: tuple[App, threading.Event], url: str
 ) -> None:
     """R8.2: one operation run by two workers at once is found, once, with both workers, lease
     tokens and fences, and its cause: the lease was shorter than the job. "No resource lock" is
@@ -113,7 +114,7 @@ def test_doctor_finds_exactly_the_overlap_of_a_stalled_delivery_and_advises_the_
     assert (stale.worker_id, stale.outcome) == ("w1", Outcome.LEASE_REFUSED)
     assert (fresh.worker_id, fresh.outcome) == ("w2", Outcome.COMPLETED)
 
-    code, report = doctor_json(db_path)
+    code, report = doctor_json(url)
 
     assert code == 1
     [overlap] = report["overlaps"]
@@ -150,7 +151,7 @@ def test_doctor_finds_exactly_the_overlap_of_a_stalled_delivery_and_advises_the_
     assert report["audit"]["operations_completed"] == 1
     assert report["audit"]["missing_records"] == []
 
-    human = doctor(db_path)
+    human = doctor(url)
     assert human.exit_code == 1
     assert "sync:1: two deliveries ran at once" in human.output
     assert stale.lease_token in human.output
@@ -160,7 +161,7 @@ def test_doctor_finds_exactly_the_overlap_of_a_stalled_delivery_and_advises_the_
 
 
 def test_doctor_names_a_lock_ttl_shorter_than_the_job_with_both_fences(
-    stalled_app: tuple[App, threading.Event], db_path: Path
+    stalled_app: tuple[App, threading.Event], url: str
 ) -> None:
     """R8.2, R3.5: with a resource lock whose TTL is shorter than the job, the lock was granted
     again while the first delivery ran: the overlap names the lock TTL and fences 1 then 2, and
@@ -189,7 +190,7 @@ def test_doctor_names_a_lock_ttl_shorter_than_the_job_with_both_fences(
     assert fresh.outcome == Outcome.COMPLETED
     assert (stale.fence, fresh.fence) == (1, 2)
 
-    code, report = doctor_json(db_path)
+    code, report = doctor_json(url)
 
     assert code == 1
     [overlap] = report["overlaps"]
@@ -210,7 +211,7 @@ def test_doctor_names_a_lock_ttl_shorter_than_the_job_with_both_fences(
     }
 
 
-def test_doctor_on_a_healthy_store_reports_nothing_and_exits_0(url: str, db_path: Path) -> None:
+def test_doctor_on_a_healthy_store_reports_nothing_and_exits_0(url: str) -> None:
     """R8.2-R8.5 clean run: jobs that completed once each, well inside their timeouts, with
     their operation records: no overlap, no advice, no warning, exit 0."""
     app = App(url)
@@ -228,7 +229,7 @@ def test_doctor_on_a_healthy_store_reports_nothing_and_exits_0(url: str, db_path
     assert diagnosis.problems == diagnosis.warnings == []
     assert diagnosis.attempts == 5
 
-    code, report = doctor_json(db_path)
+    code, report = doctor_json(url)
 
     assert code == 0
     assert report["problems"] == report["warnings"] == []
@@ -243,7 +244,7 @@ def test_doctor_on_a_healthy_store_reports_nothing_and_exits_0(url: str, db_path
     assert (audit["with_external_ref"], audit["without_external_ref"]) == (5, 0)
     assert audit["missing_records"] == audit["stuck_processing"] == []
 
-    human = doctor(db_path)
+    human = doctor(url)
     assert human.exit_code == 0
     assert "none: no operation ran on two deliveries at the same time" in human.output
     assert "every timeout leaves room above the slowest runs" in human.output
@@ -252,9 +253,7 @@ def test_doctor_on_a_healthy_store_reports_nothing_and_exits_0(url: str, db_path
     assert "warning" not in human.output
 
 
-def test_doctor_reports_poison_and_a_retry_spike_as_warnings_with_exit_0(
-    url: str, db_path: Path
-) -> None:
+def test_doctor_reports_poison_and_a_retry_spike_as_warnings_with_exit_0(url: str) -> None:
     """R8.4: a task failing with the same stack trace again and again shows a retry spike and
     one repeating error with its count, jobs and example ids, marked as a poison candidate; these
     are warnings, so the exit code stays 0."""
@@ -270,7 +269,7 @@ def test_doctor_reports_poison_and_a_retry_spike_as_warnings_with_exit_0(
     finally:
         app.close()
 
-    code, report = doctor_json(db_path)
+    code, report = doctor_json(url)
 
     assert code == 0
     assert report["problems"] == []
@@ -291,7 +290,7 @@ def test_doctor_reports_poison_and_a_retry_spike_as_warnings_with_exit_0(
     assert any("retry spike" in warning for warning in report["warnings"])
     assert any("poison candidate KeyError" in warning for warning in report["warnings"])
 
-    human = doctor(db_path, "--task", "import")
+    human = doctor(url, "--task", "import")
     assert human.exit_code == 0
     assert "SPIKE" in human.output
     assert "yes (3x on one job)" in human.output
@@ -334,15 +333,15 @@ def test_task_since_and_limit_narrow_what_the_doctor_reads(db_path: Path) -> Non
     finally:
         app.close()
 
-    _, report = doctor_json(db_path, "--task", "nothing-by-this-name")
+    _, report = doctor_json(f"sqlite:///{db_path}", "--task", "nothing-by-this-name")
     assert report["attempts"] == 0
     assert report["durations"] == report["retries"] == []
-    assert doctor(db_path, "--limit", "0").exit_code == 2
-    assert doctor(db_path, "--since-s", "0").exit_code == 2
+    assert doctor(f"sqlite:///{db_path}", "--limit", "0").exit_code == 2
+    assert doctor(f"sqlite:///{db_path}", "--since-s", "0").exit_code == 2
 
 
 def test_doctor_refuses_a_store_that_does_not_exist(tmp_path: Path) -> None:
     """Inspection commands never create an empty store: a missing file exits 3."""
-    result = doctor(tmp_path / "missing.db")
+    result = doctor(f"sqlite:///{tmp_path / 'missing.db'}")
     assert result.exit_code == 3
     assert not (tmp_path / "missing.db").exists()
