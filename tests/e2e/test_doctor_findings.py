@@ -129,6 +129,21 @@ def test_an_outage_is_named_as_one_and_a_mass_burial_is_a_problem(app: App, stor
     assert f"job(s) {poison.id} failed the same way" in poisoned["summary"]
     [group] = [e for e in report["errors"] if e["task"] == d.RATES]
     assert (group["outage"], group["poison"]) == (True, False)
+    # The shape a CI gate reads (docs/diagnostics.md, "Findings and --json").
+    for finding in report["findings"]:
+        assert set(finding) == {"kind", "severity", "task", "summary", "advice", "keys", "numbers"}
+        assert set(finding["keys"]) == {
+            "job_ids",
+            "other_job_ids",
+            "operation_keys",
+            "resource_keys",
+            "dedup_keys",
+            "attempt_ids",
+        }
+        assert all(isinstance(v, int | float) for v in finding["numbers"].values())
+    assert report["problems"] == [
+        f"{f['summary']}; {f['advice']}" for f in report["findings"] if f["severity"] == "problem"
+    ]
 
 
 def test_a_crash_loop_names_the_job_present_at_every_crash_and_the_collateral(
