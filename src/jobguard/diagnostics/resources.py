@@ -2,7 +2,8 @@
 
 A job's ``resource_key`` names the lock its deliveries take. Per resource key and task:
 
-* **contention**: lock-busy deferrals (``deferred`` attempts whose error is ``ResourceBusy``),
+* **contention**: lock-busy deferrals (``deferred`` attempts whose error is ``ResourceBusy``:
+  ``resource is busy``, not an operation claimed by another delivery),
   how long the jobs waited for the lock (from their first delivery to the first that ran the
   handler, or to now) against how long they ran, and which task holds that lock longest. A
   short task that waits :data:`STARVED_RATIO` times its run time, at least
@@ -24,11 +25,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from jobguard.core import messages
 from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, ids, seconds
 from jobguard.diagnostics.overlaps import NOT_RUN, Run, run_of
-from jobguard.models import Attempt, Job, Outcome
+from jobguard.models import Attempt, BusyReason, Job, Outcome
 
 BUSY = "ResourceBusy"
+# A deferral for a busy lock, not for an operation claimed by another delivery.
+LOCK_BUSY = messages.busy(BusyReason.LOCK, "", None)
 # Refused after it ran on without its lock: only such a delivery proves it held a lock that
 # another delivery was granted.
 RAN_ON = frozenset({Outcome.FENCE_REFUSED, Outcome.LEASE_REFUSED})
@@ -71,6 +75,14 @@ class ResourceOverlap:
     second_operation: str | None
     overlap_s: float
     cause: str
+
+
+def _lock_busy(attempt: Attempt) -> bool:
+    return (
+        attempt.outcome == Outcome.DEFERRED
+        and attempt.error_type == BUSY
+        and (attempt.error_message or "").startswith(LOCK_BUSY)
+    )
 
 
 def _measured(attempt: Attempt) -> bool:
@@ -118,7 +130,7 @@ def resource_use(
         assert job.resource_key is not None
         group = groups[(job.resource_key, job.task)]
         group["jobs"] += 1
-        busy = [a for a in job_attempts if a.outcome == Outcome.DEFERRED and a.error_type == BUSY]
+        busy = [a for a in job_attempts if _lock_busy(a)]
         group["deferrals"] += len(busy)
         if busy:
             ran = next((a for a in job_attempts if _measured(a)), None)
