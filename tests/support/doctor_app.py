@@ -15,7 +15,7 @@ matters:
 * ``ship`` runs three steps and records a reference, unless ``skip`` makes it return early;
 * ``export`` runs longer than its 1 s lease and lock TTL on its own queue, on the heartbeat;
 * ``guarded`` (operation, resource and dedup keys, two steps, a transient failure on the first
-  delivery of ``flaky`` jobs) and ``fast`` make the healthy run.
+  run of ``flaky`` jobs) and ``fast`` make the healthy run.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def make_app(url: str) -> App:
     _failing_tasks(app, where)
     _key_tasks(app)
     _lock_tasks(app, where)
-    _healthy_tasks(app)
+    _healthy_tasks(app, where)
     return app
 
 
@@ -152,7 +152,7 @@ def _lock_tasks(app: App, markers: Path) -> None:
         (markers / "sold").touch()
 
 
-def _healthy_tasks(app: App) -> None:
+def _healthy_tasks(app: App, markers: Path) -> None:
     @app.task(name=SHIP, operation_key="ship:{order}")
     def ship(ctx: Context, order: int, skip: bool = False) -> None:
         ctx.step("pick", lambda: order)
@@ -185,8 +185,12 @@ def _healthy_tasks(app: App) -> None:
         backoff_cap_s=0.1,
     )
     def guarded(ctx: Context, n: int, account: int, flaky: bool = False) -> None:
-        if flaky and ctx.attempt == 1:
-            raise InjectedError(f"job {n}: the first delivery fails on purpose")
+        first_run = markers / f"flaky-{n}"
+        if flaky and not first_run.exists():
+            # The first run of the handler, not the first delivery: that one may have died
+            # with its worker before it got here.
+            first_run.touch()
+            raise InjectedError(f"job {n}: the first run fails on purpose")
         ctx.step("debit", lambda: n)
         time.sleep(0.15)
         ctx.step("receipt", lambda: n)
