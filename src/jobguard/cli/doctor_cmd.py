@@ -93,7 +93,9 @@ def _print_durations(out: Console, durations: Sequence[TaskDurations]) -> None:
         out.print("  every timeout leaves room above the slowest runs")
     for task, item in advice:
         out.print(
-            Text(f"  {item.severity.value}: {task}: {item.message}", style=STYLES[item.severity])
+            safe_text(
+                f"  {item.severity.value}: {task}: {item.message}", style=STYLES[item.severity]
+            )
         )
 
 
@@ -187,7 +189,7 @@ def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
         out.print("  none: no two operations ran at once under one resource lock")
     for overlap in diagnosis.resource_overlaps:
         out.print(
-            Text(
+            safe_text(
                 f"{overlap.resource_key}: {overlap.first_operation or overlap.first_task} and "
                 f"{overlap.second_operation or overlap.second_task} ran at once for "
                 f"{duration(overlap.overlap_s)}",
@@ -196,7 +198,7 @@ def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
         )
         out.print(_run_line("first", overlap.first))
         out.print(_run_line("second", overlap.second))
-        out.print(Text(f"  likely cause: {overlap.cause}"))
+        out.print(safe_text(f"  likely cause: {overlap.cause}"))
 
 
 def _print_audit(out: Console, audit: Audit, crashed: Collection[str]) -> None:
@@ -215,7 +217,7 @@ def _print_audit(out: Console, audit: Audit, crashed: Collection[str]) -> None:
             line += f" (e.g. {', '.join(traces.examples_without)})"
         out.print(safe_text(line))
     missing = ", ".join(str(job_id) for job_id in audit.missing_records) or "none"
-    out.print(Text(f"  completed jobs without a completed operation record: {missing}"))
+    out.print(safe_text(f"  completed jobs without a completed operation record: {missing}"))
     stuck = (
         ", ".join(
             f"{key} (a crash loop's culprit)" if key in crashed else key
@@ -223,7 +225,7 @@ def _print_audit(out: Console, audit: Audit, crashed: Collection[str]) -> None:
         )
         or "none"
     )
-    out.print(Text(f"  operations stuck in processing with no queued or running job: {stuck}"))
+    out.print(safe_text(f"  operations stuck in processing with no queued or running job: {stuck}"))
 
 
 def _print(diagnosis: Diagnosis) -> None:
@@ -248,11 +250,11 @@ def _print(diagnosis: Diagnosis) -> None:
     if warnings:
         out.print(safe_text(f"doctor: {len(warnings)} warning(s)", style="yellow"))
         for warning in warnings:
-            out.print(Text(f"  - {warning}"))
+            out.print(safe_text(f"  - {warning}"))
     if hints:
-        out.print(Text(f"doctor: {len(hints)} hint(s)"))
+        out.print(safe_text(f"doctor: {len(hints)} hint(s)"))
         for hint in hints:
-            out.print(Text(f"  - {hint}"))
+            out.print(safe_text(f"  - {hint}"))
 
 
 @click.command()
