@@ -37,6 +37,8 @@ class TaskRetries:
     """How many of the latest runs the recent rates are over (at most :data:`RECENT_RUNS`)."""
     recent_retries: int
     recent_dead: int
+    recent_retry_rate: float
+    """Retries over the recent runs."""
     recent_failure_rate: float
     spike: bool
 
@@ -80,6 +82,7 @@ def retry_rates(
                 recent_runs=len(recent),
                 recent_retries=recent.count(Outcome.RETRY),
                 recent_dead=recent.count(Outcome.DEAD),
+                recent_retry_rate=recent.count(Outcome.RETRY) / len(recent),
                 recent_failure_rate=recent_rate,
                 spike=len(recent) >= min_runs and recent_rate >= spike_rate,
             )
