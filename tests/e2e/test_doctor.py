@@ -78,6 +78,7 @@ def run_stalled_overlap(app: App, job: Job) -> None:
 
 @pytest.fixture
 def url(store_url: str) -> str:
+    """A fresh store on each backend."""
     return store_url
 
 
@@ -93,7 +94,8 @@ def test_doctor_finds_exactly_the_overlap_of_a_stalled_delivery_and_advises_the_
     stalled_app: tuple[App, threading.Event], url: str
 ) -> None:
     """R8.2: one operation run by two workers at once is found, once, with both workers, lease
-    tokens and fences, and the likely causes (lease shorter than the job, no resource lock).
+    tokens and fences, and its cause: the lease was shorter than the job. "No resource lock" is
+    not offered: a lock renewed with that lease would have expired with it.
     R8.3: the 1 s visibility timeout is below the longest run, so the doctor advises raising it
     and exits 1."""
     app, second_started = stalled_app
@@ -132,7 +134,7 @@ def test_doctor_finds_exactly_the_overlap_of_a_stalled_delivery_and_advises_the_
     fresh_end = max(fresh.ended_at, fresh.started_at + fresh.duration_s)
     assert overlap["overlap_s"] == pytest.approx(fresh_end - fresh.started_at)
     assert overlap["causes"][0].startswith("lease shorter than the job")
-    assert overlap["causes"][1].startswith("no resource lock")
+    assert not any(cause.startswith("no resource lock") for cause in overlap["causes"])
 
     [durations] = report["durations"]
     assert durations["task"] == "sync"

@@ -14,6 +14,9 @@ import pytest
 
 from jobguard.diagnostics import Diagnosis, Severity, Snapshot, diagnose
 from jobguard.diagnostics.audit import audit
+from jobguard.diagnostics.completions import completion_findings, short_completions
+from jobguard.diagnostics.crashes import crash_findings, find_crash_loops
+from jobguard.diagnostics.dedup import dedup_findings, split_operations, unstable_keys
 from jobguard.diagnostics.durations import (
     HEADROOM,
     TaskDurations,
@@ -22,8 +25,16 @@ from jobguard.diagnostics.durations import (
     recommended_s,
     task_durations,
 )
+from jobguard.diagnostics.findings import Kind
+from jobguard.diagnostics.outages import WINDOW_S, find_outages, outage_findings
 from jobguard.diagnostics.overlaps import Run, find_overlaps, likely_causes, run_of
-from jobguard.diagnostics.poison import repeated_errors, signature_of
+from jobguard.diagnostics.poison import poison_findings, repeated_errors, signature_of
+from jobguard.diagnostics.resources import (
+    fence_refusals,
+    find_resource_overlaps,
+    resource_findings,
+    resource_use,
+)
 from jobguard.diagnostics.retries import retry_rates
 from jobguard.diagnostics.snapshot import attempt_in_scope
 from jobguard.models import Attempt, Job, JobStatus, Operation, OperationStatus, Outcome
@@ -153,7 +164,8 @@ def test_stale_delivery_that_ran_on_after_its_lease_was_taken_over_overlaps_its_
     assert overlap.overlap_s == pytest.approx(0.2)
     assert overlap.causes[0].startswith("lease shorter than the job")
     assert "visibility_timeout_s=1" in overlap.causes[0]
-    assert overlap.causes[1].startswith("no resource lock")
+    # A lock renewed with that lease would have expired with it: not offered as a cause.
+    assert not any(cause.startswith("no resource lock") for cause in overlap.causes)
 
 
 def test_crashed_delivery_ends_when_its_lease_was_taken_over_so_no_overlap() -> None:
@@ -337,6 +349,8 @@ def stats(**fields: Any) -> TaskDurations:
         "max_s": 5.0,
         "visibility_timeout_s": 30.0,
         "lock_ttl_s": None,
+        "lease_refused": 0,
+        "lock_lost": 0,
         "advice": (),
     }
     values.update(fields)
@@ -344,19 +358,32 @@ def stats(**fields: Any) -> TaskDurations:
 
 
 def test_timeout_below_the_longest_run_is_a_problem_with_a_recommended_value() -> None:
-    """R8.3, R10: a visibility timeout under the max duration is a problem; the advice names a
-    value above both twice p99 and the max, and suggests a queue of its own."""
-    [advice] = advise(stats(visibility_timeout_s=4.5, runs=5))
+    """R8.3, R10: a visibility timeout under the max duration is a problem once a delivery was
+    refused for a stale lease; the advice names a value above both twice p99 and the max,
+    says how many renewals may be missed, and suggests a queue of its own."""
+    [advice] = advise(stats(visibility_timeout_s=4.5, runs=5, lease_refused=1))
     assert advice.severity == Severity.PROBLEM
+    assert "renews it every 1.50 s, so 2 missed renewals in a row" in advice.message
+    assert "1 delivery was refused after it expired" in advice.message
     assert advice.setting == "visibility_timeout_s"
     assert advice.recommended_s == recommended_s(4.0, 5.0) == 9.0
     assert "raise visibility_timeout_s to at least 9" in advice.message
     assert "their own queue" in advice.message
 
 
+def test_timeout_below_the_longest_run_kept_alive_by_the_heartbeat_is_only_a_hint() -> None:
+    """Runs longer than the timeout with no delivery refused lived on the heartbeat, as
+    docs/operations.md recommends for a long task on its own queue: a hint, not a problem."""
+    [advice] = advise(stats(visibility_timeout_s=4.5, runs=5))
+    assert (advice.severity, advice.setting) == (Severity.HINT, "visibility_timeout_s")
+    assert "no delivery lost it, so the heartbeat kept up" in advice.message
+    [advice] = advise(stats(visibility_timeout_s=6.0, runs=5))
+    assert advice.severity == Severity.HINT
+
+
 def test_timeout_near_p99_is_a_warning_and_a_comfortable_one_says_nothing() -> None:
     """R8.3: above the max but under HEADROOM x p99 warns; at or above it, no advice."""
-    [advice] = advise(stats(visibility_timeout_s=6.0, runs=5))
+    [advice] = advise(stats(visibility_timeout_s=6.0, runs=5, lease_refused=2))
     assert advice.severity == Severity.WARNING
     assert advice.recommended_s == 9.0
     assert f"less than {HEADROOM:g}x the p99 duration (4.00 s)" in advice.message
@@ -364,26 +391,30 @@ def test_timeout_near_p99_is_a_warning_and_a_comfortable_one_says_nothing() -> N
 
 
 def test_lock_ttl_is_judged_like_the_visibility_timeout() -> None:
-    """R8.3: the lock TTL gets its own advice; no lock (``None``) gets none."""
-    [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=3.0, runs=5))
+    """The lock TTL gets its own advice, judged on deliveries that lost their lock; the
+    advice says the lock, not the job, passes to another worker; no lock (``None``) gets none."""
+    [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=3.0, runs=5, lock_lost=1))
     assert (advice.severity, advice.setting) == (Severity.PROBLEM, "lock_ttl_s")
-    [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=7.0, runs=5))
+    assert "the lock, not the job, passes to another worker" in advice.message
+    assert "renews it every 1.00 s, so 2 missed renewals in a row" in advice.message
+    [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=7.0, runs=5, lock_lost=1))
     assert (advice.severity, advice.setting) == (Severity.WARNING, "lock_ttl_s")
+    [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=3.0, runs=5, lease_refused=1))
+    assert (advice.severity, advice.setting) == (Severity.HINT, "lock_ttl_s")
     assert advise(stats(visibility_timeout_s=60.0, lock_ttl_s=None)) == ()
 
 
 def test_long_tail_hint_needs_a_timeout_finding_and_enough_runs() -> None:
     """R8.3 / R2.3: "move slow jobs to their own queue" follows a timeout finding on a task whose
     slowest runs take many times its median, once there are enough runs to tell."""
-    problem, hint = advise(stats(visibility_timeout_s=4.5, runs=10))
+    problem, hint = advise(stats(visibility_timeout_s=4.5, runs=10, lease_refused=1))
     assert problem.severity == Severity.PROBLEM
     assert (hint.severity, hint.setting) == (Severity.HINT, "queue")
     assert "queue_visibility_timeouts_s={'slow': 9}" in hint.message
-    assert [a.severity for a in advise(stats(visibility_timeout_s=4.5, runs=9))] == [
-        Severity.PROBLEM
-    ]
+    few = stats(visibility_timeout_s=4.5, runs=9, lease_refused=1)
+    assert [a.severity for a in advise(few)] == [Severity.PROBLEM]
     assert advise(stats(visibility_timeout_s=60.0, p50_s=0.1, runs=1000)) == ()
-    narrow = stats(visibility_timeout_s=4.5, p50_s=4.0, runs=1000)
+    narrow = stats(visibility_timeout_s=4.5, p50_s=4.0, runs=1000, lease_refused=1)
     assert [a.severity for a in advise(narrow)] == [Severity.PROBLEM]
 
 
@@ -437,17 +468,17 @@ def test_spike_is_judged_on_the_most_recent_runs_with_enough_of_them() -> None:
     ]
     [calm] = retry_rates(old_trouble, recent_runs=10)
     assert calm.retry_rate == 0.5
-    assert (calm.recent_runs, calm.recent_retry_rate, calm.spike) == (10, 0.0, False)
+    assert (calm.recent_runs, calm.recent_failure_rate, calm.spike) == (10, 0.0, False)
 
     few = [attempt(started_at=T0 + n, outcome=Outcome.RETRY) for n in range(4)]
     [unjudged] = retry_rates(few)
-    assert (unjudged.recent_retry_rate, unjudged.spike) == (1.0, False)
+    assert (unjudged.recent_failure_rate, unjudged.spike) == (1.0, False)
 
     rising = old_trouble[10:] + [
         attempt(started_at=T0 + 100 + n, outcome=Outcome.RETRY) for n in range(3)
     ]
     [spike] = retry_rates(rising, recent_runs=10, spike_rate=0.25, min_runs=5)
-    assert (spike.recent_retry_rate, spike.spike) == (pytest.approx(0.3), True)
+    assert (spike.recent_failure_rate, spike.spike) == (pytest.approx(0.3), True)
 
 
 def test_signature_follows_the_stack_not_the_message() -> None:
@@ -712,13 +743,292 @@ def test_only_overlaps_and_timeouts_below_the_longest_run_are_problems() -> None
     assert len(found.overlaps) == 1
     assert len(found.problems) == 2
     assert found.problems[0].startswith(f"operation op:1: attempts {overlapping[0].id} and")
-    assert found.problems[0].endswith("overlapped for 1.00 s")
+    assert "overlapped for 1.00 s; likely cause: lease shorter than the job" in found.problems[0]
     assert found.problems[1].startswith("task sync: visibility_timeout_s=2 is below the longest")
     warnings = "\n".join(found.warnings)
     assert "task flaky: visibility_timeout_s=30 is less than" not in warnings
-    assert "task flaky: retry spike, 100% of the last 5 runs were retried" in warnings
-    assert "task flaky: poison candidate OSError at erp.py:3 in fetch (5 times on one job)" in (
+    assert "task flaky: retry spike, 100% of the last 5 runs failed (5 retried, 0 buried)" in (
         warnings
     )
+    assert (
+        "task flaky: poison candidate OSError at erp.py:3 in fetch: job(s) 2 failed the same "
+        "way 5 times"
+    ) in warnings
     assert "job 3: completed with an operation key but no completed operation record" in warnings
     assert "operation flaky:2: stuck in processing with no queued or running job" in warnings
+
+
+# -- findings: outages, crash loops, unstable keys, resources, completions ----------------------
+
+
+def failure(job_id: int, at: float, outcome: Outcome = Outcome.RETRY, **fields: Any) -> Attempt:
+    """A failed delivery of ``job_id`` at ``at`` with the ERP's timeout traceback."""
+    values: dict[str, Any] = {
+        "job_id": job_id,
+        "started_at": at,
+        "ended_at": at + 0.1,
+        "duration_s": 0.1,
+        "outcome": outcome,
+        "error_type": "TimeoutError",
+        "error_message": f"order {job_id}",
+        "traceback": traceback_text(40),
+    }
+    values.update(fields)
+    return attempt(**values)
+
+
+def test_many_jobs_failing_together_are_an_outage_not_poison() -> None:
+    """Five jobs failing with one signature within the window are an outage; buried en masse it
+    is a problem, retried only it is a warning; the same signature is then no poison candidate,
+    however often each job failed."""
+    buried = [
+        failure(job_id, T0 + job_id + n, Outcome.DEAD if n == 2 else Outcome.RETRY)
+        for job_id in range(1, 6)
+        for n in range(3)
+    ]
+    [outage] = find_outages(buried)
+    assert (outage.task, outage.failures, outage.retried, outage.dead) == ("sync", 15, 10, 5)
+    assert outage.job_ids == outage.dead_job_ids == (1, 2, 3, 4, 5)
+    [finding] = outage_findings([outage])
+    assert (finding.kind, finding.severity, finding.keys.job_ids) == (
+        Kind.OUTAGE,
+        Severity.PROBLEM,
+        (1, 2, 3, 4, 5),
+    )
+    [group] = repeated_errors(buried, outages={("sync", outage.signature)})
+    assert (group.outage, group.poison, group.max_per_job) == (True, False, 3)
+    assert poison_findings([group]) == []
+
+    retried = [failure(job_id, T0 + job_id) for job_id in range(1, 6)]
+    [warning] = outage_findings(find_outages(retried))
+    assert warning.severity == Severity.WARNING
+
+
+def test_failures_far_apart_or_on_few_jobs_are_no_outage() -> None:
+    """A burst needs MIN_JOBS jobs within WINDOW_S of each other: the same error spread over
+    hours, or one job failing again and again, is not an outage."""
+    spread = [failure(job_id, T0 + job_id * (WINDOW_S + 1)) for job_id in range(1, 8)]
+    assert find_outages(spread) == []
+    one_job = [failure(4, T0 + n) for n in range(10)]
+    assert find_outages(one_job) == []
+    [group] = repeated_errors(one_job)
+    [poison] = poison_findings([group])
+    assert (poison.kind, poison.keys.job_ids) == (Kind.POISON, (4,))
+    assert "job(s) 4 failed the same way 10 times" in poison.summary
+
+
+def lost(job_id: int, worker: str, at: float) -> Attempt:
+    """A delivery whose worker died: closed as lost, no duration."""
+    return attempt(
+        job_id=job_id, worker_id=worker, started_at=at, duration_s=None, outcome=Outcome.LOST
+    )
+
+
+def test_the_job_present_at_every_crash_is_the_culprit_and_the_others_collateral() -> None:
+    """Job 1 was lost in three workers' crashes, jobs 2, 3 and 4 in one or two of them: job 1 is
+    the culprit, the others collateral; a crash with no repeat (job 9) is no loop."""
+    attempts = [
+        lost(1, "w1", T0),
+        lost(2, "w1", T0),
+        lost(1, "w2", T0 + 2),
+        lost(3, "w2", T0 + 2),
+        lost(2, "w2", T0 + 2),
+        lost(1, "w3", T0 + 4),
+        lost(4, "w3", T0 + 4),
+        lost(9, "w9", T0 + 9),
+        attempt(job_id=5, worker_id="w3", outcome=Outcome.COMPLETED),
+    ]
+    jobs = {1: job(id=1, task="crash", status=JobStatus.DEAD), 2: job(id=2)}
+    [loop] = find_crash_loops(attempts, jobs)
+    assert (loop.task, loop.culprit_job_ids, loop.collateral_job_ids) == ("crash", (1,), (2, 3, 4))
+    assert (loop.workers, loop.buried_job_ids) == (("w1", "w2", "w3"), (1,))
+    [finding] = crash_findings([loop])
+    assert (finding.kind, finding.severity) == (Kind.CRASH_LOOP, Severity.PROBLEM)
+    assert (finding.keys.job_ids, finding.keys.other_job_ids) == ((1,), (2, 3, 4))
+
+
+def test_workers_killed_once_each_are_no_crash_loop() -> None:
+    """A few workers killed, each with different jobs, recovered by the leases: nothing."""
+    attempts = [lost(1, "w1", T0), lost(2, "w1", T0), lost(3, "w2", T0 + 1)]
+    assert find_crash_loops(attempts, {}) == []
+    stalled = attempt(job_id=1, worker_id="w3", duration_s=5.0, outcome=Outcome.LOST)
+    assert find_crash_loops([lost(1, "w1", T0), stalled], {}) == []
+
+
+def test_dedup_keys_that_differ_only_in_a_timestamp_or_a_fresh_id_are_unstable() -> None:
+    """Keys with an epoch time, a UUID or an ISO time in them are unstable; keys that differ
+    in an order id, or in a calendar date (a period), are not."""
+    jobs = [
+        job(id=1, task="mail", dedup_key="mail:7:1733051234.125", operation_key=None),
+        job(id=2, task="mail", dedup_key="mail:7:1733051299.5", operation_key=None),
+        job(id=3, task="ping", dedup_key="ping:c9f1e5a2-0d1b-4b8e-9a51-3c3f0e2b7d11"),
+        job(id=4, task="ping", dedup_key="ping:0d6f5f0e-7e0a-4a55-8f14-2b8e1e6a2c90"),
+        job(id=5, task="sync", dedup_key="sync:2026-12-01T10:00:00Z", operation_key=None),
+        job(id=6, task="sync", dedup_key="sync:2026-12-01T10:05:00Z", operation_key=None),
+        job(id=7, task="order", dedup_key="order:1"),
+        job(id=8, task="order", dedup_key="order:2"),
+        job(id=9, task="daily", dedup_key="daily:2026-12-01"),
+        job(id=10, task="daily", dedup_key="daily:2026-12-02"),
+        job(id=11, task="mail", dedup_key="mail:8:1733051234", operation_key=None),
+    ]
+    mail, ping, sync = unstable_keys(jobs)
+    assert (mail.task, mail.pattern, mail.job_ids, mail.absorbed) == (
+        "mail",
+        "mail:7:<volatile>",
+        (1, 2),
+        False,
+    )
+    assert (ping.pattern, ping.job_ids, ping.absorbed) == ("ping:<volatile>", (3, 4), True)
+    assert (sync.job_ids, sync.absorbed) == ((5, 6), False)
+    severity = {f.task: f.severity for f in dedup_findings([], [mail, ping, sync])}
+    assert severity == {
+        "mail": Severity.PROBLEM,
+        "ping": Severity.WARNING,
+        "sync": Severity.PROBLEM,
+    }
+
+
+def test_an_operation_key_carried_by_several_jobs_is_a_split_operation() -> None:
+    """Two jobs of one operation key are named with their ids; one job per key is fine."""
+    jobs = [job(id=3), job(id=1), job(id=2, operation_key="op:2")]
+    [split] = split_operations(jobs)
+    assert (split.operation_key, split.job_ids) == ("op:1", (1, 3))
+    [finding] = dedup_findings([split], [])
+    assert (finding.kind, finding.severity) == (Kind.SPLIT_OPERATION, Severity.WARNING)
+
+
+def _busy(job_id: int, at: float, task: str = "touch") -> Attempt:
+    return attempt(
+        job_id=job_id,
+        task=task,
+        started_at=at,
+        ended_at=at + 0.001,
+        duration_s=0.001,
+        outcome=Outcome.DEFERRED,
+        error_type="ResourceBusy",
+        error_message="resource is busy: ledger:1",
+    )
+
+
+def test_a_short_task_waiting_behind_another_tasks_long_hold_is_starved() -> None:
+    """Deferrals, wait against run time and the longest holder, per resource key and task: the
+    short task behind the long one is starved; the long one, and a task contending only with
+    itself, are not."""
+    jobs = {
+        1: job(id=1, task="report", resource_key="ledger:1"),
+        2: job(id=2, task="touch", resource_key="ledger:1"),
+        3: job(id=3, task="touch", resource_key="ledger:1"),
+        4: job(id=4, task="self", resource_key="own:1"),
+        5: job(id=5, task="self", resource_key="own:1"),
+    }
+    attempts = [
+        attempt(job_id=1, task="report", started_at=T0, ended_at=T0 + 3, duration_s=3.0),
+        *(_busy(job_id, T0 + n * 0.5) for job_id in (2, 3) for n in range(4)),
+        attempt(job_id=2, task="touch", started_at=T0 + 3, ended_at=T0 + 3.01, duration_s=0.01),
+        attempt(job_id=3, task="touch", started_at=T0 + 3, ended_at=T0 + 3.01, duration_s=0.01),
+        attempt(job_id=4, task="self", started_at=T0, ended_at=T0 + 3, duration_s=3.0),
+        *(_busy(5, T0 + n * 0.5, task="self") for n in range(6)),
+        attempt(job_id=5, task="self", started_at=T0 + 3, ended_at=T0 + 6, duration_s=3.0),
+    ]
+    uses = {(u.resource_key, u.task): u for u in resource_use(attempts, jobs, T0 + 10)}
+    touch = uses[("ledger:1", "touch")]
+    assert (touch.jobs, touch.deferrals, touch.longest_holder, touch.starved) == (
+        2,
+        8,
+        "report",
+        True,
+    )
+    assert touch.wait_s == pytest.approx(6.0)
+    assert touch.run_s == pytest.approx(0.02)
+    assert not uses[("ledger:1", "report")].starved
+    assert not uses[("own:1", "self")].starved
+    [finding] = resource_findings(uses.values(), [], [], jobs)
+    assert (finding.kind, finding.task, finding.keys.resource_keys) == (
+        Kind.STARVATION,
+        "touch",
+        ("ledger:1",),
+    )
+
+
+def test_a_resource_overlap_needs_a_first_delivery_that_lost_its_lock() -> None:
+    """Two operations under one resource key overlap when the first ran on after losing its lock
+    (refused); a completed first that merely touches the next lease (leased a moment before it
+    took the lock) is a hand-over; a crashed delivery proves nothing."""
+    jobs = {
+        1: job(id=1, operation_key="a", resource_key="r", lock_ttl_s=1.0),
+        2: job(id=2, operation_key="b", resource_key="r", lock_ttl_s=1.0),
+    }
+    stale = attempt(
+        job_id=1,
+        operation_key="a",
+        fence=1,
+        started_at=T0,
+        ended_at=T0 + 3,
+        duration_s=3.0,
+        outcome=Outcome.FENCE_REFUSED,
+    )
+    fresh = attempt(
+        job_id=2, operation_key="b", fence=2, started_at=T0 + 1.5, ended_at=T0 + 2, duration_s=0.5
+    )
+    [overlap] = find_resource_overlaps([stale, fresh], jobs, T0 + 10)
+    assert (overlap.resource_key, overlap.first.attempt_id, overlap.second.attempt_id) == (
+        "r",
+        stale.id,
+        fresh.id,
+    )
+    assert overlap.cause.startswith("lock TTL shorter than the job: lock_ttl_s=1")
+    handed = replace(stale, outcome=Outcome.COMPLETED, ended_at=T0 + 1.6, duration_s=1.6)
+    assert find_resource_overlaps([handed, fresh], jobs, T0 + 10) == []
+    crashed = replace(stale, outcome=Outcome.LOST, duration_s=None)
+    assert find_resource_overlaps([crashed, fresh], jobs, T0 + 10) == []
+    kinds = [f.kind for f in resource_findings([], [overlap], fence_refusals([stale]), jobs)]
+    assert kinds == [Kind.RESOURCE_OVERLAP, Kind.FENCE_REFUSED]
+
+
+def test_completions_with_fewer_steps_than_usual_are_named() -> None:
+    """The usual step count is the most common among completions; fewer is short; a task whose
+    completions vary half and half, or with too few completions, is not judged."""
+    attempts = [
+        *(attempt(job_id=n, steps_run=3) for n in range(1, 6)),
+        attempt(job_id=6, steps_run=1, steps_skipped=0),
+        attempt(job_id=7, steps_run=1, steps_skipped=2),  # a retry: skipped steps count
+        *(attempt(task="even", job_id=n, steps_run=n % 2) for n in range(4)),
+        attempt(task="few", job_id=9, steps_run=0),
+        attempt(task="few", job_id=10, steps_run=3),
+    ]
+    [short] = short_completions(attempts)
+    assert (short.task, short.usual_steps, short.short, short.job_ids) == ("sync", 3, 1, (6,))
+    empty = audit([], [], {}, T0)
+    [finding] = completion_findings([short], empty)
+    assert (finding.kind, finding.severity, finding.keys.job_ids) == (
+        Kind.SHORT_COMPLETION,
+        Severity.WARNING,
+        (6,),
+    )
+
+
+def test_audit_examples_are_the_most_recent_in_numeric_order() -> None:
+    """Examples of operations without an external reference: the five most recent, listed
+    op:2 before op:10; a task where most have a reference gets a warning."""
+    keys = [f"op:{n}" for n in range(1, 13)]
+    jobs = [job(id=n, operation_key=key) for n, key in enumerate(keys, start=1)]
+    jobs += [job(id=100 + n, operation_key=f"ref:{n}") for n in range(20)]
+    operations = {key: operation(key, completed_at=T0 + n) for n, key in enumerate(reversed(keys))}
+    operations.update({f"ref:{n}": operation(f"ref:{n}", external_ref=f"m{n}") for n in range(20)})
+    found = audit(jobs, jobs, operations, T0 + 100)
+    [traces] = found.by_task
+    assert traces.examples_without == ("op:1", "op:2", "op:3", "op:4", "op:5")
+    [finding] = completion_findings([], found)
+    assert (finding.kind, finding.keys.operation_keys) == (
+        Kind.MISSING_EXTERNAL_REF,
+        ("op:1", "op:2", "op:3", "op:4", "op:5"),
+    )
+
+
+def test_a_trickle_of_failures_among_many_successes_is_no_outage() -> None:
+    """Five jobs failing with one signature among many more that ran fine at the same time is a
+    busy task's background of transient errors, not an outage."""
+    failures = [failure(job_id, T0 + job_id) for job_id in range(1, 6)]
+    fine = [attempt(job_id=job_id, started_at=T0 + job_id % 5) for job_id in range(10, 30)]
+    assert find_outages([*failures, *fine]) == []
+    assert len(find_outages([*failures, *fine[:4]])) == 1

@@ -1,14 +1,15 @@
-"""``jobguard doctor``: overlaps, durations against timeouts, retries and an audit (R8.2-R8.5).
+"""``jobguard doctor``: overlaps, resources, durations against timeouts, failures, crash loops,
+unstable keys and an audit (R8.2-R8.5), ending with the findings.
 
-Exit code 1 when it finds a problem (an overlap, or a visibility timeout or lock TTL below the
-longest run of its task), 0 otherwise; warnings are printed but do not change the exit code.
+Exit code 1 when a finding is a problem, 0 otherwise; warnings and hints are printed but do not
+change the exit code.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 
 import click
@@ -20,6 +21,9 @@ from jobguard.cli.state import CliState
 from jobguard.core import checks
 from jobguard.diagnostics import Audit, Diagnosis, Overlap, Run, Severity, TaskDurations
 from jobguard.diagnostics.retries import RECENT_RUNS
+
+RESOURCE_ROWS = 10
+STYLES = {Severity.PROBLEM: "bold red", Severity.WARNING: "yellow", Severity.HINT: ""}
 
 EXIT_PROBLEMS = 1
 
@@ -87,11 +91,10 @@ def _print_durations(out: Console, durations: Sequence[TaskDurations]) -> None:
     advice = [(d.task, a) for d in durations for a in d.advice]
     if not advice:
         out.print("  every timeout leaves room above the slowest runs")
-    styles = {Severity.PROBLEM: "bold red", Severity.WARNING: "yellow", Severity.HINT: ""}
     for task, item in advice:
         out.print(
             safe_text(
-                f"  {item.severity.value}: {task}: {item.message}", style=styles[item.severity]
+                f"  {item.severity.value}: {task}: {item.message}", style=STYLES[item.severity]
             )
         )
 
@@ -110,7 +113,7 @@ def _print_retries(out: Console, diagnosis: Diagnosis) -> None:
                     "retries",
                     "dead",
                     "retry rate",
-                    f"last {RECENT_RUNS} runs",
+                    f"failed, last {RECENT_RUNS} runs",
                     "spike",
                 ],
                 (
@@ -120,7 +123,7 @@ def _print_retries(out: Console, diagnosis: Diagnosis) -> None:
                         r.retries,
                         r.dead,
                         f"{r.retry_rate:.0%}",
-                        f"{r.recent_retry_rate:.0%} of {r.recent_runs}",
+                        f"{r.recent_failure_rate:.0%} of {r.recent_runs}",
                         "SPIKE" if r.spike else "-",
                     ]
                     for r in diagnosis.retries
@@ -142,7 +145,11 @@ def _print_retries(out: Console, diagnosis: Diagnosis) -> None:
                     e.attempts,
                     e.jobs,
                     ", ".join(str(job_id) for job_id in e.job_ids),
-                    f"yes ({e.max_per_job}x on one job)" if e.poison else "-",
+                    (
+                        f"yes ({e.max_per_job}x on one job)"
+                        if e.poison
+                        else ("no: an outage" if e.outage else "-")
+                    ),
                 ]
                 for e in diagnosis.errors
             ),
@@ -150,7 +157,51 @@ def _print_retries(out: Console, diagnosis: Diagnosis) -> None:
     )
 
 
-def _print_audit(out: Console, audit: Audit) -> None:
+def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
+    _heading(out, "Resource locks")
+    uses = [u for u in diagnosis.resources if u.deferrals or u.starved]
+    if not diagnosis.resources:
+        out.print("  no job takes a resource lock")
+    elif not uses:
+        out.print("  no lock-busy deferral")
+    else:
+        out.print(
+            table(
+                f"the {RESOURCE_ROWS} most deferred resource keys and tasks",
+                ["resource", "task", "jobs", "deferrals", "waited", "ran", "longest holder"],
+                (
+                    [
+                        u.resource_key,
+                        u.task,
+                        u.jobs,
+                        u.deferrals,
+                        duration(u.wait_s),
+                        duration(u.run_s),
+                        f"{u.longest_holder} ({duration(u.longest_hold_s)})"
+                        if u.longest_holder
+                        else "-",
+                    ]
+                    for u in uses[:RESOURCE_ROWS]
+                ),
+            )
+        )
+    if not diagnosis.resource_overlaps:
+        out.print("  none: no two operations ran at once under one resource lock")
+    for overlap in diagnosis.resource_overlaps:
+        out.print(
+            safe_text(
+                f"{overlap.resource_key}: {overlap.first_operation or overlap.first_task} and "
+                f"{overlap.second_operation or overlap.second_task} ran at once for "
+                f"{duration(overlap.overlap_s)}",
+                style="bold red",
+            )
+        )
+        out.print(_run_line("first", overlap.first))
+        out.print(_run_line("second", overlap.second))
+        out.print(safe_text(f"  likely cause: {overlap.cause}"))
+
+
+def _print_audit(out: Console, audit: Audit, crashed: Collection[str]) -> None:
     _heading(out, "Audit (R8.5)")
     out.print(
         f"  {audit.completed_jobs_with_key} completed jobs with an operation key; "
@@ -167,7 +218,13 @@ def _print_audit(out: Console, audit: Audit) -> None:
         out.print(safe_text(line))
     missing = ", ".join(str(job_id) for job_id in audit.missing_records) or "none"
     out.print(safe_text(f"  completed jobs without a completed operation record: {missing}"))
-    stuck = ", ".join(audit.stuck_processing) or "none"
+    stuck = (
+        ", ".join(
+            f"{key} (a crash loop's culprit)" if key in crashed else key
+            for key in audit.stuck_processing
+        )
+        or "none"
+    )
     out.print(safe_text(f"  operations stuck in processing with no queued or running job: {stuck}"))
 
 
@@ -177,11 +234,13 @@ def _print(diagnosis: Diagnosis) -> None:
     since = f"since {when(diagnosis.since)} UTC" if diagnosis.since is not None else "all read"
     out.print(safe_text(f"doctor: {diagnosis.attempts} attempts of {scope}, {since}", style="bold"))
     _print_overlaps(out, diagnosis.overlaps)
+    _print_resources(out, diagnosis)
     _print_durations(out, diagnosis.durations)
     _print_retries(out, diagnosis)
-    _print_audit(out, diagnosis.audit)
+    crashed = {key for loop in diagnosis.crash_loops for key in loop.operation_keys}
+    _print_audit(out, diagnosis.audit, crashed)
     out.print()
-    problems, warnings = diagnosis.problems, diagnosis.warnings
+    problems, warnings, hints = diagnosis.problems, diagnosis.warnings, diagnosis.hints
     if problems:
         out.print(safe_text(f"doctor: {len(problems)} problem(s) to fix", style="bold red"))
         for problem in problems:
@@ -192,6 +251,10 @@ def _print(diagnosis: Diagnosis) -> None:
         out.print(safe_text(f"doctor: {len(warnings)} warning(s)", style="yellow"))
         for warning in warnings:
             out.print(safe_text(f"  - {warning}"))
+    if hints:
+        out.print(safe_text(f"doctor: {len(hints)} hint(s)"))
+        for hint in hints:
+            out.print(safe_text(f"  - {hint}"))
 
 
 @click.command()
@@ -214,10 +277,10 @@ def _print(diagnosis: Diagnosis) -> None:
 def doctor(
     ctx: click.Context, task: str | None, since_s: float | None, limit: int, as_json: bool
 ) -> None:
-    """Find overlaps, timeouts too close to real durations, retry spikes and missing traces.
+    """Name why work ran twice, failed or got stuck, from the attempt log.
 
-    Exits 1 when it finds an overlap (R8.2) or a visibility timeout or lock TTL below the
-    longest run of its task (R8.3); 0 otherwise.
+    Exits 1 when a finding is a problem (an overlap, a crash loop, a mass burial, ...); 0
+    otherwise.
     """
     state: CliState = ctx.obj
     diagnosis = state.inspecting_app().diagnose(task=task, since_s=since_s, limit=limit)
@@ -225,6 +288,7 @@ def doctor(
         report = {
             "problems": diagnosis.problems,
             "warnings": diagnosis.warnings,
+            "hints": diagnosis.hints,
             **dataclasses.asdict(diagnosis),
         }
         click.echo(json.dumps(report, indent=2))

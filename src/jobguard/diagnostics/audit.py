@@ -10,6 +10,7 @@ no queued or running job left to finish it.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from jobguard.models import Job, JobStatus, Operation, OperationStatus
 
 EXAMPLES = 5
+_NUMBERS = re.compile(r"(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +30,8 @@ class TaskTraces:
     with_external_ref: int
     without_external_ref: int
     examples_without: tuple[str, ...]
-    """Operation keys without a reference, listed when others of the task have one."""
+    """The most recent operation keys without a reference, in numeric order; listed when others
+    of the task have one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,13 @@ class Audit:
     """Operations in ``processing`` that no queued or running job will finish."""
 
 
+def natural(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders the numbers inside strings by value: ``op:2`` before ``op:10``."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in _NUMBERS.split(text) if part
+    )
+
+
 def _task_traces(
     completed: Mapping[str, Operation], task_of: Mapping[str, str]
 ) -> tuple[TaskTraces, ...]:
@@ -55,16 +65,16 @@ def _task_traces(
     found = []
     for task in sorted(by_task):
         operations = by_task[task]
-        without = sorted(op.key for op in operations if op.external_ref is None)
+        without = [op for op in operations if op.external_ref is None]
+        recent = sorted(without, key=lambda op: (op.completed_at or op.updated_at, op.key))
+        examples = sorted((op.key for op in recent[-EXAMPLES:]), key=natural)
         found.append(
             TaskTraces(
                 task=task,
                 completed=len(operations),
                 with_external_ref=len(operations) - len(without),
                 without_external_ref=len(without),
-                examples_without=tuple(without[:EXAMPLES])
-                if 0 < len(without) < len(operations)
-                else (),
+                examples_without=tuple(examples) if 0 < len(without) < len(operations) else (),
             )
         )
     return tuple(found)

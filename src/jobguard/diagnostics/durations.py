@@ -5,6 +5,14 @@ Only deliveries that ran the handler and reported how long it took count: ``comp
 (``lease_refused``, ``fence_refused``), which are often the slowest runs of all. The timeouts
 are read from the task's jobs (a job stores the lease length and lock TTL it was given), so the
 comparison needs no application code.
+
+A timeout below the longest run is not wrong in itself: the heartbeat renews leases and locks
+about every third of the shortest timeout in flight, and ``docs/operations.md`` recommends a
+short timeout for a long task on its own queue. It is a problem only with evidence that it
+failed: a delivery of the task refused for a stale lease (``lease_refused``, for the visibility
+timeout), or a refused delivery that held a resource lock (``fence_refused``, or
+``lease_refused`` with a fence, for the lock TTL). Without such evidence the same finding is a
+hint.
 """
 
 from __future__ import annotations
@@ -13,8 +21,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
+from jobguard.diagnostics.findings import Finding, Kind, Severity
 from jobguard.models import Attempt, Job, Outcome
 
 RAN_HANDLER = frozenset(
@@ -26,6 +34,7 @@ RAN_HANDLER = frozenset(
         Outcome.FENCE_REFUSED,
     }
 )
+REFUSED = frozenset({Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED})
 # A timeout should be at least twice the p99 duration (docs/operations.md, "Sizing the
 # visibility timeout"), so a job whose renewals fail for a while usually still finishes in time.
 HEADROOM = 2.0
@@ -33,14 +42,9 @@ HEADROOM = 2.0
 # once it has enough runs for the median to mean something.
 LONG_TAIL_RATIO = 5.0
 LONG_TAIL_MIN_RUNS = 10
-
-
-class Severity(StrEnum):
-    """How urgent a piece of advice is; ``problem`` makes ``jobguard doctor`` exit 1."""
-
-    PROBLEM = "problem"
-    WARNING = "warning"
-    HINT = "hint"
+# The heartbeat renews every third of the shortest timeout (jobguard.heartbeat), so this many
+# renewals in a row can be missed before a lease or lock expires.
+MISSABLE_RENEWALS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,11 @@ class TaskDurations:
     """The shortest lease among the task's jobs (``None``: no job row left to read it from)."""
     lock_ttl_s: float | None
     """The shortest lock TTL among its jobs with a resource lock (``None``: no lock)."""
+    lease_refused: int
+    """Deliveries of the task refused for a stale lease: evidence the lease was too short."""
+    lock_lost: int
+    """Refused deliveries of the task that held a resource lock: evidence the lock TTL was too
+    short."""
     advice: tuple[Advice, ...]
 
 
@@ -84,24 +93,53 @@ def recommended_s(p99_s: float, max_s: float) -> float:
     return float(math.floor(max(HEADROOM * p99_s, max_s)) + 1)
 
 
-def _timeout_advice(setting: str, timeout_s: float, stats: TaskDurations) -> Advice | None:
+def _consequence(setting: str, timeout_s: float) -> str:
+    beat_s = timeout_s / (MISSABLE_RENEWALS + 1)
+    what = (
+        "the lock, not the job, passes to another worker, whose delivery gets a newer fence: "
+        "this one runs on, its db_step writes are refused, and effects outside db_step run "
+        "twice"
+        if setting == "lock_ttl_s"
+        else "the job is delivered to a second worker while the first still runs"
+    )
+    return (
+        f"the heartbeat renews it every {beat_s:.2f} s, so {MISSABLE_RENEWALS} missed renewals "
+        f"in a row (a stall, a store hiccup) let it expire: {what}"
+    )
+
+
+def _remedy(setting: str, refused: int, target: float) -> str:
+    """What to do: raise it when it failed; when it did not, say why it may stay."""
+    if refused:
+        noun = "delivery was" if refused == 1 else "deliveries were"
+        return f"{refused} {noun} refused after it expired; raise {setting} to at least {target:g}"
+    return (
+        "no delivery lost it, so the heartbeat kept up: fine as it is (a short timeout recovers "
+        f"a crashed worker's job sooner); to ride out longer stalls, raise {setting} to at "
+        f"least {target:g}"
+    )
+
+
+def _timeout_advice(
+    setting: str, timeout_s: float, stats: TaskDurations, refused: int
+) -> Advice | None:
     target = recommended_s(stats.p99_s, stats.max_s)
     if timeout_s < stats.max_s:
+        own_queue = ", or move the slow jobs to their own queue" if refused else ""
         return Advice(
-            Severity.PROBLEM,
+            Severity.PROBLEM if refused else Severity.HINT,
             setting,
-            f"{setting}={timeout_s:g} is below the longest run ({stats.max_s:.2f} s), so "
-            "those runs live on heartbeat renewals alone: one missed renewal hands the job to "
-            f"a second worker while the first still runs; raise {setting} to at least "
-            f"{target:g}, or move the slow jobs to their own queue",
+            f"{setting}={timeout_s:g} is below the longest run ({stats.max_s:.2f} s), so those "
+            f"runs lived on heartbeat renewals alone: {_consequence(setting, timeout_s)}; "
+            f"{_remedy(setting, refused, target)}{own_queue}",
             target,
         )
     if timeout_s < HEADROOM * stats.p99_s:
         return Advice(
-            Severity.WARNING,
+            Severity.WARNING if refused else Severity.HINT,
             setting,
             f"{setting}={timeout_s:g} is less than {HEADROOM:g}x the p99 duration "
-            f"({stats.p99_s:.2f} s); raise {setting} to at least {target:g}",
+            f"({stats.p99_s:.2f} s); {_remedy(setting, refused, target)}",
             target,
         )
     return None
@@ -110,16 +148,20 @@ def _timeout_advice(setting: str, timeout_s: float, stats: TaskDurations) -> Adv
 def advise(stats: TaskDurations) -> tuple[Advice, ...]:
     """Advice for one task's timeouts from its distribution (the ``advice`` field is ignored)."""
     found: list[Advice] = []
-    for setting, timeout_s in (
-        ("visibility_timeout_s", stats.visibility_timeout_s),
-        ("lock_ttl_s", stats.lock_ttl_s),
+    for setting, timeout_s, refused in (
+        ("visibility_timeout_s", stats.visibility_timeout_s, stats.lease_refused),
+        ("lock_ttl_s", stats.lock_ttl_s, stats.lock_lost),
     ):
         if timeout_s is not None:
-            advice = _timeout_advice(setting, timeout_s, stats)
+            advice = _timeout_advice(setting, timeout_s, stats, refused)
             if advice is not None:
                 found.append(advice)
     long_tail = stats.max_s >= LONG_TAIL_RATIO * stats.p50_s
-    if found and long_tail and stats.runs >= LONG_TAIL_MIN_RUNS:
+    if (
+        any(a.severity != Severity.HINT for a in found)
+        and long_tail
+        and (stats.runs >= LONG_TAIL_MIN_RUNS)
+    ):
         target = recommended_s(stats.p99_s, stats.max_s)
         found.append(
             Advice(
@@ -148,7 +190,11 @@ def task_durations(attempts: Iterable[Attempt], jobs: Mapping[int, Job]) -> list
     """
     durations: dict[str, list[float]] = defaultdict(list)
     job_ids: dict[str, set[int]] = defaultdict(set)
+    lease_refused: dict[str, int] = defaultdict(int)
+    lock_lost: dict[str, int] = defaultdict(int)
     for attempt in attempts:
+        lease_refused[attempt.task] += attempt.outcome == Outcome.LEASE_REFUSED
+        lock_lost[attempt.task] += attempt.outcome in REFUSED and attempt.fence is not None
         if attempt.outcome in RAN_HANDLER and attempt.duration_s is not None:
             durations[attempt.task].append(attempt.duration_s)
             job_ids[attempt.task].add(attempt.job_id)
@@ -165,7 +211,36 @@ def task_durations(attempts: Iterable[Attempt], jobs: Mapping[int, Job]) -> list
             max_s=values[-1],
             visibility_timeout_s=_smallest(job.visibility_timeout_s for job in task_jobs),
             lock_ttl_s=_smallest(job.lock_ttl_s for job in task_jobs),
+            lease_refused=lease_refused[task],
+            lock_lost=lock_lost[task],
             advice=(),
         )
         found.append(replace(stats, advice=advise(stats)))
     return found
+
+
+def _timeout_finding(d: TaskDurations, advice: Advice) -> Finding:
+    lock = advice.setting == "lock_ttl_s"
+    timeout_s = d.lock_ttl_s if lock else d.visibility_timeout_s
+    numbers = {
+        "max_s": d.max_s,
+        "p99_s": d.p99_s,
+        "refused": d.lock_lost if lock else d.lease_refused,
+    }
+    if timeout_s is not None:
+        numbers["timeout_s"] = timeout_s
+    if advice.recommended_s is not None:
+        numbers["recommended_s"] = advice.recommended_s
+    return Finding(
+        kind=Kind.LOCK_TTL if lock else (Kind.QUEUE if advice.setting == "queue" else Kind.LEASE),
+        severity=advice.severity,
+        task=d.task,
+        summary=f"task {d.task}: {advice.message}",
+        advice="",
+        numbers=numbers,
+    )
+
+
+def timeout_findings(durations: Iterable[TaskDurations]) -> list[Finding]:
+    """One finding per piece of timeout advice, with the advice's severity."""
+    return [_timeout_finding(d, advice) for d in durations for advice in d.advice]

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, seconds
 from jobguard.models import Attempt, Job, Outcome
 
 # Deliveries that ended before the handler could start: they cannot have overlapped anything.
@@ -50,6 +51,8 @@ class Overlap:
     key: str
     """The operation key, or ``job ID`` for a job without one."""
     operation_key: str | None
+    task: str
+    """The task of the first delivery."""
     first: Run
     second: Run
     overlap_s: float
@@ -84,7 +87,11 @@ def run_of(attempt: Attempt, now: float) -> Run | None:
 
 
 def likely_causes(first: Run, second: Run, job: Job | None) -> tuple[str, ...]:
-    """Why ``second`` could start while ``first`` was still running, judged from ``job``."""
+    """Why ``second`` could start while ``first`` was still running, most likely first.
+
+    "No resource lock" is offered only when the first delivery's lease had not expired: a lock
+    is renewed with the lease, so one that expired would have let the second delivery in too.
+    """
     if job is None:
         return ("unknown: the job row is gone, so its timeouts cannot be compared",)
     causes: list[str] = []
@@ -94,12 +101,8 @@ def likely_causes(first: Run, second: Run, job: Job | None) -> tuple[str, ...]:
             f"visibility_timeout_s={job.visibility_timeout_s:g}; its lease expired while it "
             "ran (heartbeat off, or renewals missed) and the job was delivered again"
         )
-    if job.resource_key is None:
-        causes.append(
-            "no resource lock: the task sets no resource_key, so no lock kept the second "
-            "delivery out"
-        )
-    elif job.lock_ttl_s is not None and first.ran_s > job.lock_ttl_s:
+    lease_expired = bool(causes)
+    if job.resource_key is not None and job.lock_ttl_s is not None and first.ran_s > job.lock_ttl_s:
         causes.append(
             f"lock TTL shorter than the job: lock_ttl_s={job.lock_ttl_s:g} on "
             f"{job.resource_key!r}; the lock expired while the first delivery held it and was "
@@ -109,6 +112,13 @@ def likely_causes(first: Run, second: Run, job: Job | None) -> tuple[str, ...]:
         causes.append(
             f"two jobs ({first.job_id} and {second.job_id}) carry this operation key: "
             "enqueue with a dedup_key so one business action is one job (R5)"
+        )
+    if job.resource_key is None and not lease_expired:
+        # A lock expires with the lease it is renewed with: it keeps a second delivery out
+        # only when the first one's lease did not expire.
+        causes.append(
+            "no resource lock: the task sets no resource_key, so no lock kept the second "
+            "delivery out"
         )
     if not causes:
         causes.append(
@@ -138,10 +148,12 @@ def find_overlaps(
         The overlaps, earliest first.
     """
     groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    task_of: dict[int, str] = {}
     for attempt in attempts:
         run = run_of(attempt, now)
         if run is not None:
             groups[_group_key(attempt)].append(run)
+            task_of[attempt.id] = attempt.task
     found: list[Overlap] = []
     for (kind, name), runs in groups.items():
         runs.sort(key=lambda r: (r.started_at, r.attempt_id))
@@ -156,6 +168,7 @@ def find_overlaps(
                     Overlap(
                         key=name if kind == "operation" else f"job {name}",
                         operation_key=name if kind == "operation" else None,
+                        task=task_of[first.attempt_id],
                         first=first,
                         second=second,
                         overlap_s=overlap_s,
@@ -164,3 +177,26 @@ def find_overlaps(
                 )
     found.sort(key=lambda o: (o.first.started_at, o.second.started_at))
     return found
+
+
+def overlap_findings(overlaps: Iterable[Overlap]) -> list[Finding]:
+    """A problem per overlap, with its most likely cause."""
+    return [
+        Finding(
+            kind=Kind.OVERLAP,
+            severity=Severity.PROBLEM,
+            task=o.task,
+            summary=(
+                f"operation {o.key}: attempts {o.first.attempt_id} and {o.second.attempt_id} "
+                f"overlapped for {seconds(o.overlap_s)}"
+            ),
+            advice=f"likely cause: {o.causes[0]}" if o.causes else "",
+            keys=Keys(
+                job_ids=tuple(sorted({o.first.job_id, o.second.job_id})),
+                operation_keys=(o.operation_key,) if o.operation_key else (),
+                attempt_ids=(o.first.attempt_id, o.second.attempt_id),
+            ),
+            numbers={"overlap_s": round(o.overlap_s, 3)},
+        )
+        for o in overlaps
+    ]

@@ -1,19 +1,40 @@
-"""The whole diagnosis: every check over one snapshot, and what counts as a problem."""
+"""The whole diagnosis: every check over one snapshot, and the findings they add up to."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from jobguard.diagnostics.audit import Audit, audit
-from jobguard.diagnostics.durations import Severity, TaskDurations, task_durations
-from jobguard.diagnostics.overlaps import Overlap, find_overlaps
-from jobguard.diagnostics.poison import ErrorGroup, repeated_errors
-from jobguard.diagnostics.retries import TaskRetries, retry_rates
+from jobguard.diagnostics.completions import (
+    ShortCompletions,
+    completion_findings,
+    short_completions,
+)
+from jobguard.diagnostics.crashes import CrashLoop, crash_findings, find_crash_loops
+from jobguard.diagnostics.dedup import (
+    SplitOperation,
+    UnstableKey,
+    dedup_findings,
+    split_operations,
+    unstable_keys,
+)
+from jobguard.diagnostics.durations import TaskDurations, task_durations, timeout_findings
+from jobguard.diagnostics.findings import Finding, Severity
+from jobguard.diagnostics.outages import Outage, find_outages, outage_findings
+from jobguard.diagnostics.overlaps import Overlap, find_overlaps, overlap_findings
+from jobguard.diagnostics.poison import ErrorGroup, poison_findings, repeated_errors
+from jobguard.diagnostics.resources import (
+    ResourceOverlap,
+    ResourceUse,
+    fence_refusals,
+    find_resource_overlaps,
+    resource_findings,
+    resource_use,
+)
+from jobguard.diagnostics.retries import TaskRetries, retry_rates, spike_findings
 from jobguard.diagnostics.snapshot import Snapshot
 
-
-def _seconds(value: float) -> str:
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+SEVERITY_ORDER = {Severity.PROBLEM: 0, Severity.WARNING: 1, Severity.HINT: 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +46,20 @@ class Diagnosis:
         task: Only this task was looked at (``None``: every task).
         since: Only data active at or after this store time (``None``: all read).
         attempts: How many attempts were looked at.
+        findings: Every cause found, problems first: kind, severity, task, keys and numbers.
         overlaps: R8.2, deliveries of one operation (or job) that ran at the same time.
+        resource_overlaps: Deliveries of different operations that ran at once under one
+            resource lock.
+        resources: Per resource key and task, lock-busy deferrals, wait against run time and
+            the task that holds the lock longest.
         durations: R8.3, per task, the duration distribution against its timeouts, with advice.
-        retries: R8.4, per task, retry rates and spikes.
+        retries: R8.4, per task, retry and failure rates and spikes.
         errors: R8.4, the errors that repeat most, with poison candidates.
+        outages: Many jobs of a task failing the same way within a short window.
+        crash_loops: Worker crashes with the same job present at each.
+        split_operations: Operation keys carried by several jobs.
+        unstable_dedup_keys: Dedup keys that differ only in a timestamp or a fresh id.
+        short_completions: Completions that went through fewer steps than the task usually does.
         audit: R8.5, the traces completed operations left.
     """
 
@@ -36,80 +67,83 @@ class Diagnosis:
     task: str | None
     since: float | None
     attempts: int
+    findings: tuple[Finding, ...]
     overlaps: tuple[Overlap, ...]
+    resource_overlaps: tuple[ResourceOverlap, ...]
+    resources: tuple[ResourceUse, ...]
     durations: tuple[TaskDurations, ...]
     retries: tuple[TaskRetries, ...]
     errors: tuple[ErrorGroup, ...]
+    outages: tuple[Outage, ...]
+    crash_loops: tuple[CrashLoop, ...]
+    split_operations: tuple[SplitOperation, ...]
+    unstable_dedup_keys: tuple[UnstableKey, ...]
+    short_completions: tuple[ShortCompletions, ...]
     audit: Audit
 
     @property
     def problems(self) -> list[str]:
-        """What must be fixed: overlaps, and timeouts below the longest run. Empty if none.
-
-        Warnings (a timeout near p99, retry spikes, poison candidates, audit findings) are
-        reported in their sections but are not counted here.
-        """
-        found = [
-            f"operation {o.key}: attempts {o.first.attempt_id} and {o.second.attempt_id} "
-            f"overlapped for {_seconds(o.overlap_s)}"
-            for o in self.overlaps
-        ]
-        found.extend(
-            f"task {d.task}: {advice.message}"
-            for d in self.durations
-            for advice in d.advice
-            if advice.severity == Severity.PROBLEM
-        )
-        return found
+        """The findings that must be fixed (``jobguard doctor`` exits 1), one line each."""
+        return [f.line for f in self.findings if f.severity == Severity.PROBLEM]
 
     @property
     def warnings(self) -> list[str]:
-        """What deserves a look but is not counted as a problem."""
-        found = [
-            f"task {d.task}: {advice.message}"
-            for d in self.durations
-            for advice in d.advice
-            if advice.severity != Severity.PROBLEM
-        ]
-        found.extend(
-            f"task {r.task}: retry spike, {r.recent_retry_rate:.0%} of the last "
-            f"{r.recent_runs} runs were retried"
-            for r in self.retries
-            if r.spike
-        )
-        found.extend(
-            f"task {e.task}: poison candidate {e.error_type} at {e.where or '?'} "
-            f"({e.max_per_job} times on one job)"
-            for e in self.errors
-            if e.poison
-        )
-        found.extend(
-            f"job {job_id}: completed with an operation key but no completed operation record"
-            for job_id in self.audit.missing_records
-        )
-        found.extend(
-            f"operation {key}: stuck in processing with no queued or running job"
-            for key in self.audit.stuck_processing
-        )
-        return found
+        """The findings that deserve a look but do not change the exit code, one line each."""
+        return [f.line for f in self.findings if f.severity == Severity.WARNING]
+
+    @property
+    def hints(self) -> list[str]:
+        """Advice that needs no action, one line each."""
+        return [f.line for f in self.findings if f.severity == Severity.HINT]
 
 
 def diagnose(snapshot: Snapshot) -> Diagnosis:
     """Run every check over ``snapshot`` (pure: no I/O)."""
     attempts = snapshot.attempts
+    jobs = snapshot.jobs
+    in_scope = snapshot.jobs_in_scope()
+    outages = find_outages(attempts)
+    errors = repeated_errors(attempts, outages={(o.task, o.signature) for o in outages})
+    overlaps = find_overlaps(attempts, jobs, snapshot.now)
+    resource_overlaps = find_resource_overlaps(attempts, jobs, snapshot.now)
+    refused = fence_refusals(attempts)
+    resources = resource_use(attempts, jobs, snapshot.now)
+    durations = task_durations(attempts, jobs)
+    retries = retry_rates(attempts)
+    crash_loops = find_crash_loops(attempts, jobs)
+    splits = split_operations(in_scope)
+    unstable = unstable_keys(in_scope)
+    shorts = short_completions(attempts)
+    checked = audit(in_scope, jobs.values(), snapshot.operations, snapshot.now)
+    crashed_operations = {key for loop in crash_loops for key in loop.operation_keys}
+    findings = [
+        *overlap_findings(overlaps),
+        *resource_findings(resources, resource_overlaps, refused, jobs),
+        *timeout_findings(durations),
+        *outage_findings(outages),
+        *crash_findings(crash_loops),
+        *dedup_findings(splits, unstable),
+        *spike_findings(retries),
+        *poison_findings(errors),
+        *completion_findings(shorts, checked, crashed_operations),
+    ]
+    findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
     return Diagnosis(
         now=snapshot.now,
         task=snapshot.task,
         since=snapshot.since,
         attempts=len(attempts),
-        overlaps=tuple(find_overlaps(attempts, snapshot.jobs, snapshot.now)),
-        durations=tuple(task_durations(attempts, snapshot.jobs)),
-        retries=tuple(retry_rates(attempts)),
-        errors=tuple(repeated_errors(attempts)),
-        audit=audit(
-            snapshot.jobs_in_scope(),
-            snapshot.jobs.values(),
-            snapshot.operations,
-            snapshot.now,
-        ),
+        findings=tuple(findings),
+        overlaps=tuple(overlaps),
+        resource_overlaps=tuple(resource_overlaps),
+        resources=tuple(resources),
+        durations=tuple(durations),
+        retries=tuple(retries),
+        errors=tuple(errors),
+        outages=tuple(outages),
+        crash_loops=tuple(crash_loops),
+        split_operations=tuple(splits),
+        unstable_dedup_keys=tuple(unstable),
+        short_completions=tuple(shorts),
+        audit=checked,
     )
