@@ -74,7 +74,7 @@ def _trigger(cron: str | None, every: float | timedelta | None, timezone: str) -
 
 
 class DeadLetterQueue:
-    """Jobs that will not be retried: fatal errors, spent attempts, poison (R7)."""
+    """Jobs that will not be retried: fatal errors, spent attempts, poison (G8)."""
 
     def __init__(self, app: App) -> None:
         self._app = app
@@ -96,9 +96,9 @@ class DeadLetterQueue:
         )
 
     def replay(self, job_id: int, *, actor: str | None = None) -> Job:
-        """Queue a dead job again with the same id, arguments and keys (R7.3).
+        """Queue a dead job again with the same id, arguments and keys (G8.3).
 
-        Its operation key is kept, so work that completed is not redone (invariant 8). With
+        Its operation key is kept, so work that completed is not redone (G8.3). With
         ``actor``, the replay is written to the audit trail under that name.
         """
         job_id = checks.job_id(job_id)
@@ -129,7 +129,7 @@ class App:
         max_payload_bytes: Largest JSON payload accepted at enqueue (default 1 MiB).
         hooks: Callbacks for metrics and logs.
         queue_visibility_timeouts_s: Per-queue lease length for tasks that do not set their own
-            ``visibility_timeout_s`` (R2.3), e.g. ``{"slow": 300}``; others get 30 s.
+            ``visibility_timeout_s`` (G2.3), e.g. ``{"slow": 300}``; others get 30 s.
     """
 
     def __init__(
@@ -245,25 +245,25 @@ class App:
         Args:
             name: Registered name (default ``module.function``).
             queue: Default queue (a plain identifier).
-            visibility_timeout_s: Lease length; renewed by the heartbeat while the job runs (R2).
+            visibility_timeout_s: Lease length; renewed by the heartbeat while the job runs (G2).
                 Default: the queue's (``queue_visibility_timeouts_s``), else 30 s.
-            max_attempts: Deliveries allowed, charged at delivery (R6.2, invariant 7).
+            max_attempts: Deliveries allowed, charged at delivery (G7.2, G8.2).
             backoff_base_s: Full-jitter exponential backoff base.
             backoff_cap_s: Longest backoff delay.
-            fatal: Exception classes never retried (R6.1).
+            fatal: Exception classes never retried (G7.1).
             transient: Errors declared transient: retried up to ``max_attempts`` and never taken
                 for poison. If given, only these (and ``Retry``) are retried; anything else is
                 fatal. The whole rule: ``docs/concepts.md``, "What is retried".
             poison_threshold: The same undeclared error signature this many times in a row
-                buries the job (R7.2).
+                buries the job (G8.2).
             priority: Default priority; higher runs first within a queue.
             operation_key: Template of the business action's idempotency key, e.g.
-                ``"fulfill-order:{order_id}"`` (R4.1).
+                ``"fulfill-order:{order_id}"`` (G4.1).
             resource_key: Template of the resource to lock while running, e.g.
-                ``"order:{order_id}"`` (R3.1).
-            lock_ttl_s: Lock lease length; renewed with the job's lease (R3.3).
+                ``"order:{order_id}"`` (G3.1).
+            lock_ttl_s: Lock lease length; renewed with the job's lease (G3.3).
             max_defer_s: How long a job may keep waiting for a busy resource before it is buried.
-            dedup_window_s: Default time a dedup key is held after completion (R5.2).
+            dedup_window_s: Default time a dedup key is held after completion (G6.2).
         """
 
         def register(handler: Callable[..., Any]) -> Task:
@@ -480,7 +480,7 @@ class App:
     def attempts(
         self, *, job_id: int | None = None, operation_key: str | None = None, limit: int = 1000
     ) -> list[Attempt]:
-        """The attempt log (R8.1) of a job, an operation, or the most recent attempts."""
+        """The attempt log (G10.1) of a job, an operation, or the most recent attempts."""
         if job_id is not None:
             checks.job_id(job_id)
         limit = checks.count("limit", limit)
@@ -493,7 +493,7 @@ class App:
     def diagnose(
         self, *, task: str | None = None, since_s: float | None = None, limit: int = 5000
     ) -> Diagnosis:
-        """Overlaps, durations against timeouts, retry spikes and an audit (R8.2-R8.5).
+        """Overlaps, durations against timeouts, retry spikes and an audit (G10.2-G10.5).
 
         Read-only. Looks at the ``limit`` most recent attempts (and as many newest jobs), of
         ``task`` only if given, active in the last ``since_s`` seconds if given. See
@@ -515,7 +515,7 @@ class App:
     def lock(
         self, resource: str, ttl_s: float = 30.0, *, renew: bool = True
     ) -> Iterator[LockGrant]:
-        """Hold the resource lock for a block of code outside jobs (R3).
+        """Hold the resource lock for a block of code outside jobs (G3).
 
         Raises :class:`~jobguard.exceptions.LockBusyError` if another live owner holds it. While
         held, a background thread renews it every ``ttl_s / 3`` (unless ``renew=False``); a

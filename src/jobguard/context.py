@@ -110,7 +110,7 @@ class Context:
         return self._inflight.lost
 
     def idempotency_key(self, name: str) -> str:
-        """A key for an external API call, stable across attempts and replays (R4.5)."""
+        """A key for an external API call, stable across attempts and replays (G4.4)."""
         base = self.operation_key if self.operation_key is not None else f"job:{self.job_id}"
         return idempotency_key(base, name)
 

@@ -70,7 +70,7 @@ class NotFoundError(JobGuardError):
 
 
 class DuplicateJobError(JobGuardError):
-    """The action would leave two live jobs holding one dedup key (R5, invariant 6)."""
+    """The action would leave two live jobs holding one dedup key (G6, G6.1)."""
 
 
 class StoreUnavailableError(JobGuardError):

@@ -22,7 +22,7 @@ class JobStatus(StrEnum):
 
 
 class OperationStatus(StrEnum):
-    """State of the durable record of one business action (R4.2)."""
+    """State of the durable record of one business action (G4.2)."""
 
     PROCESSING = "processing"
     COMPLETED = "completed"
@@ -30,7 +30,7 @@ class OperationStatus(StrEnum):
 
 
 class Outcome(StrEnum):
-    """How one delivery (attempt) ended; recorded in the attempt log (R8.1)."""
+    """How one delivery (attempt) ended; recorded in the attempt log (G10.1)."""
 
     RUNNING = "running"
     COMPLETED = "completed"
@@ -113,12 +113,12 @@ class Job:
     dead_code: DeadCode | None = None
     headers: str | None = None
     deduplicated: bool = False
-    """True when enqueue returned an existing job instead of storing a new one (R5.1)."""
+    """True when enqueue returned an existing job instead of storing a new one (G6.1)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One lease on one job, handed to exactly one worker (R2.1)."""
+    """One lease on one job, handed to exactly one worker (G2.1)."""
 
     job_id: int
     task: str
@@ -142,7 +142,7 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class LockGrant:
-    """Ownership of a resource lock: the owner token and its fencing token (R3.2, R3.5)."""
+    """Ownership of a resource lock: the owner token and its fencing token (G3.2, G3.5)."""
 
     resource: str
     owner: str
@@ -162,7 +162,7 @@ class Guard:
 
 @dataclass(frozen=True, slots=True)
 class Operation:
-    """The durable record of one business action, unique on its key (R4.2)."""
+    """The durable record of one business action, unique on its key (G4.2)."""
 
     key: str
     status: OperationStatus
@@ -180,7 +180,7 @@ class Operation:
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """One delivery of one job with the metadata of R8.1."""
+    """One delivery of one job with the metadata of G10.1."""
 
     id: int
     job_id: int
@@ -205,7 +205,7 @@ class Attempt:
 
 @dataclass(frozen=True, slots=True)
 class DeadJob:
-    """A job in the dead letter queue, with every attempt's metadata (R7.1)."""
+    """A job in the dead letter queue, with every attempt's metadata (G8.1)."""
 
     job: Job
     reason: str

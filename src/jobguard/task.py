@@ -229,7 +229,7 @@ class Task:
         """Per-call options, kept apart from the task's own arguments so names never clash.
 
         Args:
-            dedup_key: Producer-side deduplication key (R5); an enqueue while a job holds it
+            dedup_key: Producer-side deduplication key (G6); an enqueue while a job holds it
                 returns that job.
             dedup_window_s: Also hold the key this long after the job completes.
             delay_s: Do not run before this many seconds from now.

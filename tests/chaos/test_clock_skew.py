@@ -27,7 +27,7 @@ JOBS = 12
 def test_a_worker_60_s_off_never_overlaps_another_on_a_lease_or_a_lock(
     store_url: str, skew_s: float
 ) -> None:
-    """Issue 7 acceptance 3: every job runs once, one at a time on its resource, and no write
+    """: every job runs once, one at a time on its resource, and no write
     is refused as stale (no lease or lock was taken from a live holder)."""
     guard_app.create_business_tables(store_url)
     app = guard_app.make_app(store_url, lease_s=1.0, lock_ttl_s=1.0)

@@ -1,4 +1,4 @@
-"""Fault tests of the guard layer with real worker processes (issue 3, acceptance 1-6).
+"""Fault tests of the guard layer with real worker processes ().
 
 Workers run ``tests.support.guard_app`` on one SQLite file that also holds the business tables
 (products, stock moves, invoices with ``UNIQUE(order_id)``); the confirmation email goes to a
@@ -157,7 +157,7 @@ def ran(events: list[Event], pid: int | None = None) -> Counter[str]:
     )
 
 
-# -- acceptance 2: a crash between a step's commit and the job's finish --------------------------
+# -- a crash between a step's commit and the job's finish --------------------------
 
 
 @pytest.mark.parametrize(
@@ -170,7 +170,7 @@ def test_crash_after_step_commit_resumes_at_the_next_step(
     """A worker SIGKILLed right after a step committed: the retry skips the committed steps and
     runs the rest, so every effect happened once.
 
-    Issue 3 acceptance 2; R4.4, invariants 4 and 10. ``after-email`` is the crash after the last
+    G5.1 and G5.2. ``after-email`` is the crash after the last
     step and before the finish.
     """
     job = shop.fulfill.enqueue(order_id=1, sku=SKUS[0])
@@ -197,7 +197,7 @@ def test_crash_after_step_commit_resumes_at_the_next_step(
     assert set(operation.steps) == set(FULFILL_STEPS)
 
 
-# -- acceptance 4: fencing ------------------------------------------------------------------------
+# -- fencing ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("point", ["start", "after-email"])
@@ -208,7 +208,7 @@ def test_worker_paused_past_lock_ttl_and_lease_is_refused_and_the_new_holder_win
     completes; after SIGCONT, A's step write (paused at ``start``) or A's completion (paused at
     ``after-email``) is refused, A never acks, and the final state is B's.
 
-    Issue 3 acceptance 4; R2.4, R3.5, invariants 2, 3 and 5.
+    G2.4, G3.5, G2.4, G4.3 and G3.5.
     """
     job = shop.fulfill.enqueue(order_id=1, sku=SKUS[0])
     worker_a = shop.spawn(Faults(pause_point=point))
@@ -255,7 +255,7 @@ def test_worker_paused_past_lock_ttl_and_lease_is_refused_and_the_new_holder_win
         assert ran(events, worker_a.pid) == dict.fromkeys(FULFILL_STEPS, 1)
         assert ran(events, worker_b.pid) == {}
         assert (attempt_b.steps_run, attempt_b.steps_skipped) == (0, 3)
-        # The refused attempt still tells what it did before its finish was refused (R8.1).
+        # The refused attempt still tells what it did before its finish was refused (G10.1).
         assert (attempt_a.steps_run, attempt_a.steps_skipped) == (3, 0)
         assert shop.invoices() == [(1, attempt_a.fence)]
         assert len(shop.mail.requests) == 1
@@ -266,7 +266,7 @@ def test_stale_fence_is_refused_while_the_stale_lease_is_still_live(shop: Shop) 
     resource takes the lock. A's guarded write is then refused by the fence alone, the job is
     handed back uncharged, and it reruns under a fresh, higher fence.
 
-    R3.5 ("a paused worker whose lock expired cannot write after a newer owner"), invariant 5.
+    G3.5 ("a paused worker whose lock expired cannot write after a newer owner"), G3.5.
     """
     producer = guard_app.make_app(shop.url, lease_s=30.0, lock_ttl_s=1.0)
     hold = producer.tasks[HOLD]
@@ -299,14 +299,14 @@ def test_stale_fence_is_refused_while_the_stale_lease_is_still_live(shop: Shop) 
     assert shop.app.get_job(first.id).attempts == 1  # the refusal cost the job no attempt
 
 
-# -- acceptance 5: replay and repeat of a completed operation -------------------------------------
+# -- replay and repeat of a completed operation -------------------------------------
 
 
 def test_replay_or_repeat_of_completed_operation_does_not_run_the_handler(shop: Shop) -> None:
     """A dead job replayed after its operation completed, and a new job with the same operation
     key, are acked as already processed without running the handler.
 
-    Issue 3 acceptance 5; R4.3, R7.3, invariants 3 and 8.
+    G4.3, G8.3, G4.3 and G8.3.
     """
     dead = shop.fulfill.enqueue(order_id=5, sku=SKUS[0])
     failing = shop.spawn(Faults(fatal_orders=(5,)))
@@ -338,14 +338,14 @@ def test_replay_or_repeat_of_completed_operation_does_not_run_the_handler(shop: 
     assert len(shop.mail.sent) == 1
 
 
-# -- acceptance 6: a slow job keeps its lock ------------------------------------------------------
+# -- a slow job keeps its lock ------------------------------------------------------
 
 
 def test_slow_job_keeps_its_lock_through_renewal_and_a_rival_is_deferred(shop: Shop) -> None:
     """A job running 3x its lock TTL keeps the lock (renewed by the heartbeat); a job on the same
     resource is deferred meanwhile — uncharged — and runs only after it, with the next fence.
 
-    Issue 3 acceptance 6; R3.3, R3.4, invariant 5. The lease (4 s) is longer than the lock
+    G3.3, G3.4, G3.5. The lease (4 s) is longer than the lock
     (1 s), so only lock renewal keeps the lock alive.
     """
     producer = guard_app.make_app(shop.url, lease_s=4.0, lock_ttl_s=1.0)
@@ -383,14 +383,14 @@ def test_slow_job_keeps_its_lock_through_renewal_and_a_rival_is_deferred(shop: S
     assert rival_start.mono >= by_job[slow.id].mono
 
 
-# -- acceptance 3: one resource, different operations ---------------------------------------------
+# -- one resource, different operations ---------------------------------------------
 
 
 def test_jobs_sharing_a_resource_never_run_their_handlers_at_the_same_time(shop: Shop) -> None:
     """200 jobs with distinct operation keys over 4 resource keys, 4 worker processes: no two
     handler intervals of one resource overlap, and their fences rise in the order they ran.
 
-    Issue 3 acceptance 3; R3.1, invariant 5.
+    G3.1, G3.5.
     """
     resources = ["a", "b", "c", "d"]
     hold = shop.app.tasks[HOLD]
@@ -429,7 +429,7 @@ def test_jobs_sharing_a_resource_never_run_their_handlers_at_the_same_time(shop:
     assert any(a[1] > b[0] for a, b in itertools.pairwise(every))
 
 
-# -- acceptance 1: SIGKILL at random points -------------------------------------------------------
+# -- SIGKILL at random points -------------------------------------------------------
 
 
 class Chaos:
@@ -546,7 +546,7 @@ def run_storm(shop: Shop, *, disrupt: Callable[[Chaos], None] | None = None) -> 
 def test_sigkill_at_random_points_leaves_every_effect_exactly_once(shop: Shop) -> None:
     """The storm of :func:`run_storm` on each backend: zero lost jobs, zero duplicate effects.
 
-    Issue 3 acceptance 1; R1.1, R4.4-R4.6, R9, invariants 1, 3, 4 and 10.
+    G1.1, G5.1, G4.4, G4.5, the demo, G1.1, G4.3, G5.1 and G5.2.
     """
     run_storm(shop)
 
@@ -559,7 +559,7 @@ def test_on_postgresql_cut_connections_and_a_database_restart_lose_nothing(
     terminated by the server mid-run, then the server itself restarts once. The workers
     reconnect (with jittered backoff) and carry on: zero lost jobs, zero duplicate effects.
 
-    Issue 7 acceptance 2.
+
     """
     assert stores.kind_of(shop.url) == "postgres"
     done: list[str] = []

@@ -1,4 +1,4 @@
-"""Fault tests of the queue engine with real worker processes (issue 2, acceptance 2-7).
+"""Fault tests of the queue engine with real worker processes ().
 
 Each test starts worker interpreters with :func:`spawn_worker` on one SQLite file, kills, pauses
 or signals them, and then checks two independent records against each other: jobguard's attempt
@@ -83,7 +83,7 @@ def test_sigkilled_worker_job_is_redelivered_after_its_lease_expires_and_nothing
 ) -> None:
     """SIGKILL mid-job: redelivered to the other worker after the lease, first attempt ``lost``.
 
-    Issue 2 acceptance 2; R1.1, R2.1, invariant 1 (no lost job under SIGKILL).
+    G1.1, G2.1, G1.1 (no lost job under SIGKILL).
     """
     victim = qapp.tasks[SLEEP].enqueue(sleep_s=[60.0, 0.05])
     bystanders = [qapp.tasks[NOOP].enqueue(n=i) for i in range(4)]
@@ -128,7 +128,7 @@ def test_heartbeat_keeps_a_job_running_three_times_its_lease_from_a_second_worke
 ) -> None:
     """A job running > 3x its visibility timeout is never given to the second, idle worker.
 
-    Issue 2 acceptance 3; R2.2 (heartbeat extends the lease while the worker lives).
+    G2.2 (heartbeat extends the lease while the worker lives).
     """
     lease_s = 1.5
     app = make_app(store_url, visibility_timeout_s=lease_s)
@@ -172,7 +172,7 @@ def test_sigstopped_worker_loses_its_job_and_its_late_finish_is_refused(
     """SIGSTOP past the lease: the job goes to the other worker; after SIGCONT the first worker
     learns it lost the lease (``ctx.lease_lost``) and its finish is refused (``lease_refused``).
 
-    Issue 2 acceptance 4; R2.4, invariant 2 (a stale lease cannot ack).
+    G2.4 (a stale lease cannot ack).
     """
     job = qapp.tasks[SLEEP].enqueue(sleep_s=[1.5, 0.05], await_lost_attempt=1)
     procs = start_workers(store_url, "wa", "wb")
@@ -216,7 +216,7 @@ def test_job_that_kills_its_worker_every_time_reaches_the_dlq_after_max_attempts
     """A job that SIGKILLs its worker on every delivery is buried after ``max_attempts``, with
     every attempt's metadata (attempts are charged at delivery, so crashes count).
 
-    Issue 2 acceptance 5; R7.1, R7.2, invariant 7.
+    G8.1, G8.2, G8.2.
     """
     job = qapp.tasks[KILL_SELF].enqueue()
     killed: list[WorkerProcess] = []
@@ -271,7 +271,7 @@ def test_sigterm_lets_running_jobs_finish_in_grace_and_releases_the_rest_uncharg
     """SIGTERM: no new fetches; a job that ends within the grace period completes; one still
     running at the deadline is released (back to queued, attempt not charged); exit code 0.
 
-    Issue 2 acceptance 6; invariant 9.
+    G9.
     """
     grace_s = 2.0
     short = qapp.tasks[SLEEP].enqueue(sleep_s=[1.0])
@@ -315,7 +315,7 @@ def test_concurrent_enqueues_of_one_dedup_key_from_four_processes_store_one_job(
 ) -> None:
     """4 processes x 100 enqueues with one dedup key: one job stored, all 400 callers get its id.
 
-    Issue 2 acceptance 7; R5.1, invariant 6.
+    G6.1, G6.1.
     """
     go = tmp_path / "go"
     env = clean_env()

@@ -1,4 +1,4 @@
-"""Conformance tests of the attempt log: one row per delivery with the R8.1 metadata.
+"""Conformance tests of the attempt log: one row per delivery with the G10.1 metadata.
 
 Runs against every backend in ``conftest.BACKENDS``; the diagnostics read only this port.
 """
@@ -29,7 +29,7 @@ def make_spec(**changes: Any) -> JobSpec:
 def test_a_finished_attempt_row_carries_every_r8_1_field(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R8.1: operation key, attempt number, worker id, lease token, lock owner, fence, start,
+    """G10.1: operation key, attempt number, worker id, lease token, lock owner, fence, start,
     end, duration, outcome and step counts are on the attempt row."""
     job = backend.enqueue(make_spec(operation_key="fulfill-order:7", resource_key="order:7"))
     started_at = clock()
@@ -68,7 +68,7 @@ def test_a_finished_attempt_row_carries_every_r8_1_field(
 
 
 def test_a_failed_attempt_records_error_type_message_and_traceback(backend: Backend) -> None:
-    """R7.1, R8.1: the error class, message and traceback of a failed delivery are kept."""
+    """G8.1, G10.1: the error class, message and traceback of a failed delivery are kept."""
     job = backend.enqueue(make_spec())
     error = ErrorInfo(
         type="ConnectionError",
@@ -89,7 +89,7 @@ def test_a_failed_attempt_records_error_type_message_and_traceback(backend: Back
 def test_every_delivery_gets_its_own_row_whatever_its_outcome(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R8.1, invariant 7: retry, lost, deferred, released and completed deliveries each leave one
+    """G10.1, G8.2: retry, lost, deferred, released and completed deliveries each leave one
     row with its own lease token; deferral and release do not advance the attempt number."""
     job = backend.enqueue(make_spec())
     error = ErrorInfo(type="TimeoutError", message="slow")
@@ -116,7 +116,7 @@ def test_every_delivery_gets_its_own_row_whatever_its_outcome(
 
 
 def test_attempts_of_an_operation_span_every_job_that_carried_its_key(backend: Backend) -> None:
-    """R8.2: overlap detection reads every attempt of one operation key, across jobs, in order."""
+    """G10.2: overlap detection reads every attempt of one operation key, across jobs, in order."""
     first = backend.enqueue(make_spec(operation_key="op:1"))
     backend.enqueue(make_spec(operation_key="op:2"))
     second = backend.enqueue(make_spec(operation_key="op:1"))
@@ -129,7 +129,7 @@ def test_attempts_of_an_operation_span_every_job_that_carried_its_key(backend: B
 
 
 def test_recent_attempts_are_the_last_n_in_order(backend: Backend) -> None:
-    """R8 diagnostics: without a filter, the most recent ``limit`` rows, oldest of them first."""
+    """G10 diagnostics: without a filter, the most recent ``limit`` rows, oldest of them first."""
     jobs = [backend.enqueue(make_spec()) for _ in range(4)]
     backend.fetch(["default"], 10, "w1")
     rows = backend.attempts(limit=3)

@@ -1,4 +1,4 @@
-"""Conformance tests of the lock port: owner tokens, expiry and fencing tokens (R3).
+"""Conformance tests of the lock port: owner tokens, expiry and fencing tokens (G3).
 
 Runs against every backend in ``conftest.BACKENDS``; expiry is driven by the controlled clock.
 """
@@ -22,7 +22,7 @@ def grant(backend: Backend, resource: str, owner: str, ttl_s: float = 10.0) -> L
 def test_acquire_on_a_free_resource_grants_owner_expiry_and_first_fence(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.1, R3.2, R3.5: the first grant carries the owner, ``now + ttl`` and fence 1."""
+    """G3.1, G3.2, G3.5: the first grant carries the owner, ``now + ttl`` and fence 1."""
     assert backend.lock_fence("order:1") == 0
     granted = grant(backend, "order:1", "alice", 10.0)
     assert granted == LockGrant(
@@ -34,7 +34,7 @@ def test_acquire_on_a_free_resource_grants_owner_expiry_and_first_fence(
 def test_acquire_while_another_owner_holds_the_lock_is_busy(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.1, invariant 5: a live lock is not granted to anyone else (``None``, no new fence)."""
+    """G3.1, G3.5: a live lock is not granted to anyone else (``None``, no new fence)."""
     grant(backend, "order:1", "alice", 10.0)
     clock.advance(9.5)
     assert backend.acquire_lock("order:1", "bob", 10.0) is None
@@ -45,7 +45,7 @@ def test_acquire_while_another_owner_holds_the_lock_is_busy(
 def test_acquire_after_expiry_grants_the_next_owner_a_larger_fence(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.2, R3.5: an expired lock is free; the new grant's fence is strictly larger."""
+    """G3.2, G3.5: an expired lock is free; the new grant's fence is strictly larger."""
     first = grant(backend, "order:1", "alice", 10.0)
     clock.advance(10.0)
     second = grant(backend, "order:1", "bob", 10.0)
@@ -54,7 +54,7 @@ def test_acquire_after_expiry_grants_the_next_owner_a_larger_fence(
 
 
 def test_locks_on_different_resources_are_independent(backend: Backend) -> None:
-    """R3.1: a lock is per resource key; fences count per resource."""
+    """G3.1: a lock is per resource key; fences count per resource."""
     a = grant(backend, "order:1", "alice")
     b = grant(backend, "order:2", "bob")
     assert (a.fence, b.fence) == (1, 1)
@@ -62,7 +62,7 @@ def test_locks_on_different_resources_are_independent(backend: Backend) -> None:
 
 
 def test_renew_by_the_owner_extends_the_lock(backend: Backend, clock: ControlledClock) -> None:
-    """R3.2, R3.3: renewal keeps a slow job's lock alive past its first TTL."""
+    """G3.2, G3.3: renewal keeps a slow job's lock alive past its first TTL."""
     held = grant(backend, "order:1", "alice", 10.0)
     for _ in range(3):
         clock.advance(8.0)
@@ -75,7 +75,7 @@ def test_renew_by_the_owner_extends_the_lock(backend: Backend, clock: Controlled
 def test_renew_by_someone_who_is_not_the_owner_is_refused_and_extends_nothing(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.2: only the owner token extends a lock, even when it claims the right fence."""
+    """G3.2: only the owner token extends a lock, even when it claims the right fence."""
     held = grant(backend, "order:1", "alice", 10.0)
     impostor = replace(held, owner="mallory")
     clock.advance(5.0)
@@ -87,7 +87,7 @@ def test_renew_by_someone_who_is_not_the_owner_is_refused_and_extends_nothing(
 def test_renew_after_a_newer_owner_took_the_lock_is_refused(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.5: a paused owner whose lock expired and was re-granted cannot extend it."""
+    """G3.5: a paused owner whose lock expired and was re-granted cannot extend it."""
     old = grant(backend, "order:1", "alice", 10.0)
     clock.advance(10.0)
     new = grant(backend, "order:1", "bob", 10.0)
@@ -97,14 +97,14 @@ def test_renew_after_a_newer_owner_took_the_lock_is_refused(
 
 
 def test_release_by_the_owner_frees_the_lock_at_once(backend: Backend) -> None:
-    """R3.2: the owner releases; the next grant needs no wait and gets the next fence."""
+    """G3.2: the owner releases; the next grant needs no wait and gets the next fence."""
     held = grant(backend, "order:1", "alice", 60.0)
     assert backend.release_lock(held) is True
     assert grant(backend, "order:1", "bob").fence == held.fence + 1
 
 
 def test_release_by_someone_who_is_not_the_owner_is_refused(backend: Backend) -> None:
-    """R3.2: another owner token cannot free a lock; the holder keeps it."""
+    """G3.2: another owner token cannot free a lock; the holder keeps it."""
     held = grant(backend, "order:1", "alice", 60.0)
     assert backend.release_lock(replace(held, owner="mallory")) is False
     assert backend.acquire_lock("order:1", "bob", 10.0) is None
@@ -115,7 +115,7 @@ def test_release_by_someone_who_is_not_the_owner_is_refused(backend: Backend) ->
 def test_release_after_a_newer_owner_took_the_lock_leaves_the_new_owner_holding_it(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.2, invariant 5: a late release by an expired owner cannot free a newer grant."""
+    """G3.2, G3.5: a late release by an expired owner cannot free a newer grant."""
     old = grant(backend, "order:1", "alice", 10.0)
     clock.advance(10.0)
     grant(backend, "order:1", "bob", 10.0)
@@ -126,7 +126,7 @@ def test_release_after_a_newer_owner_took_the_lock_leaves_the_new_owner_holding_
 def test_fences_strictly_increase_and_survive_release_and_expiry(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.5, invariant 5: every grant's fence is larger than any issued before for the resource."""
+    """G3.5: every grant's fence is larger than any issued before for the resource."""
     fences = []
     for round_no in range(6):
         held = grant(backend, "order:1", f"owner-{round_no}", 5.0)

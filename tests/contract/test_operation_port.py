@@ -1,4 +1,4 @@
-"""Conformance tests of the operation port: records, claims, memoised steps, db_step (R4).
+"""Conformance tests of the operation port: records, claims, memoised steps, db_step (G4).
 
 Runs against every backend in ``conftest.BACKENDS``. Business tables are created and read through
 ``db_step`` itself, with plain SQL every supported database accepts, so the tests use only ports.
@@ -89,7 +89,7 @@ def _invoices_of_this_store(backend: Backend) -> None:
 
 
 def create_invoices(conn: Any) -> str:
-    """Business schema: one invoice per order, enforced by the primary key (R4.6)."""
+    """Business schema: one invoice per order, enforced by the primary key (G4.5)."""
     conn.execute(f"CREATE TABLE IF NOT EXISTS {INVOICES} (order_id INTEGER PRIMARY KEY)")
     return "created"
 
@@ -112,13 +112,13 @@ def count_invoices(backend: Backend, guard: Guard, key: str = KEY) -> int:
     return int(value)
 
 
-# -- begin_operation (R4.2, R4.3) ---------------------------------------------------------------
+# -- begin_operation (G4.2, G4.3) ---------------------------------------------------------------
 
 
 def test_begin_operation_creates_the_record_and_claims_it(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R4.2: the first delivery creates the record as ``processing`` with attempt count 1."""
+    """G4.2: the first delivery creates the record as ``processing`` with attempt count 1."""
     guard = locked(backend, deliver(backend), "order:42", 30.0)
     operation = begin_operation(backend, guard, KEY, "order:42")
     assert operation is not None
@@ -141,7 +141,7 @@ def test_get_operation_of_an_unknown_key_is_none(backend: Backend) -> None:
 def test_a_completed_operation_is_returned_without_a_claim(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R4.3, invariant 3: a later delivery of a completed operation sees it done, claims nothing."""
+    """G4.3: a later delivery of a completed operation sees it done, claims nothing."""
     first = deliver(backend)
     assert begin_operation(backend, first, KEY, None) is not None
     backend.put_step(first, KEY, "render", '"pdf-1"')
@@ -164,7 +164,7 @@ def test_a_completed_operation_is_returned_without_a_claim(
 
 
 def test_a_live_claim_by_another_delivery_makes_begin_return_none(backend: Backend) -> None:
-    """R4.2: two live deliveries of one operation never both hold its claim (treat as busy)."""
+    """G4.2: two live deliveries of one operation never both hold its claim (treat as busy)."""
     first = deliver(backend)
     assert begin_operation(backend, first, KEY, None) is not None
     second = deliver(backend)
@@ -177,7 +177,7 @@ def test_a_live_claim_by_another_delivery_makes_begin_return_none(backend: Backe
 def test_the_claim_of_an_expired_delivery_can_be_taken_and_the_old_claimant_loses_its_writes(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R4.4, R2.4: a claimant whose lease expired gives way; its later step writes are refused."""
+    """G5.1, G2.4: a claimant whose lease expired gives way; its later step writes are refused."""
     slow = deliver(backend, visibility_timeout_s=5.0)
     assert begin_operation(backend, slow, KEY, None) is not None
     clock.advance(5.0)
@@ -195,7 +195,7 @@ def test_the_claim_of_an_expired_delivery_can_be_taken_and_the_old_claimant_lose
 def test_begin_operation_is_refused_for_a_stale_lease_or_fence(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """Invariant 2, invariant 5: begin is a guarded write; nothing is created when refused."""
+    """Invariant 2, G3.5: begin is a guarded write; nothing is created when refused."""
     stale_lease = deliver(backend, visibility_timeout_s=5.0)
     clock.advance(5.0)
     backend.fetch(["default"], 10, "w2")  # redelivers it
@@ -216,7 +216,7 @@ def test_begin_operation_is_refused_for_a_stale_lease_or_fence(
 def test_finish_completes_operation_job_and_attempt_together_with_the_fence(
     backend: Backend,
 ) -> None:
-    """Issue 3 'finish atomically': operation completed + job acked + attempt closed + unlock."""
+    """Finish atomically: operation completed + job acked + attempt closed + unlock."""
     guard = locked(backend, deliver(backend), "order:42", 30.0)
     begin_operation(backend, guard, KEY, "order:42")
     finish(backend, guard, CLOSING, operation_key=KEY, result_json="[1, 2]")
@@ -240,7 +240,7 @@ def test_finish_completes_operation_job_and_attempt_together_with_the_fence(
 def test_finish_with_a_stale_fence_is_refused_and_changes_nothing(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """Invariant 5, R3.5: a paused holder whose lock was re-granted cannot complete or ack."""
+    """Invariant 5, G3.5: a paused holder whose lock was re-granted cannot complete or ack."""
     guard = locked(backend, deliver(backend, visibility_timeout_s=60.0), "order:42", 5.0)
     begin_operation(backend, guard, KEY, "order:42")
     clock.advance(5.0)
@@ -258,7 +258,7 @@ def test_finish_with_a_stale_fence_is_refused_and_changes_nothing(
 
 
 def test_retry_gives_up_the_claim_but_keeps_the_operation_processing(backend: Backend) -> None:
-    """R6.3: a retried delivery leaves its steps and lets the next delivery claim at once."""
+    """G7.3: a retried delivery leaves its steps and lets the next delivery claim at once."""
     first = deliver(backend)
     begin_operation(backend, first, KEY, None)
     backend.put_step(first, KEY, "cut-stock", '{"left": 9}')
@@ -276,7 +276,7 @@ def test_retry_gives_up_the_claim_but_keeps_the_operation_processing(backend: Ba
 
 
 def test_bury_marks_the_operation_failed(backend: Backend) -> None:
-    """R4.2, R7.1: a dead job's operation records ``failed`` with the reason."""
+    """G4.2, G8.1: a dead job's operation records ``failed`` with the reason."""
     guard = deliver(backend)
     begin_operation(backend, guard, KEY, None)
     backend.bury(
@@ -304,13 +304,13 @@ def test_release_drops_the_claim_so_the_next_delivery_can_take_it(backend: Backe
     assert begin_operation(backend, second, KEY, None) is not None
 
 
-# -- steps (R4.4) -------------------------------------------------------------------------------
+# -- steps (G5.1) -------------------------------------------------------------------------------
 
 
 def test_put_step_records_a_step_that_the_next_delivery_sees(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R4.4, invariant 4: a recorded step is returned with the operation on every later claim."""
+    """G5.1: a recorded step is returned with the operation on every later claim."""
     first = deliver(backend, visibility_timeout_s=5.0)
     begin_operation(backend, first, KEY, None)
     backend.put_step(first, KEY, "render-pdf", '{"pages": 2}')
@@ -390,7 +390,7 @@ def test_db_step_is_refused_for_a_stale_guard_without_running_fn(
 def test_db_step_runs_fn_once_and_returns_the_stored_result_afterwards(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R4.4, R4.6, invariant 4: the effect and its step record commit once; a retry skips it."""
+    """G5.1, G4.5, G5.1: the effect and its step record commit once; a retry skips it."""
     guard = deliver(backend, visibility_timeout_s=5.0)
     begin_operation(backend, guard, KEY, None)
     assert backend.db_step(guard, KEY, "schema", create_invoices, ()) == (True, "created")
@@ -418,7 +418,7 @@ def test_db_step_runs_fn_once_and_returns_the_stored_result_afterwards(
 def test_db_step_that_raises_commits_neither_its_rows_nor_its_step_record(
     backend: Backend,
 ) -> None:
-    """Invariant 10, R4.4: the caller gets fn's own exception; its writes are rolled back."""
+    """Invariant 10, G5.1: the caller gets fn's own exception; its writes are rolled back."""
     guard = deliver(backend)
     begin_operation(backend, guard, KEY, None)
     backend.db_step(guard, KEY, "schema", create_invoices, ())
@@ -473,7 +473,7 @@ def test_db_step_fn_cannot_end_the_step_transaction(backend: Backend, statement:
 
 
 def test_db_step_business_unique_constraint_rejects_a_second_invoice(backend: Backend) -> None:
-    """R4.6: a one-per-order constraint stops a second invoice even under another step name."""
+    """G4.5: a one-per-order constraint stops a second invoice even under another step name."""
     guard = deliver(backend)
     begin_operation(backend, guard, KEY, None)
     backend.db_step(guard, KEY, "schema", create_invoices, ())
@@ -484,7 +484,7 @@ def test_db_step_business_unique_constraint_rejects_a_second_invoice(backend: Ba
     assert count_invoices(backend, guard) == 1
 
 
-# -- begin: lock + claim together (issue 3, DESIGN pipeline) ------------------------------------
+# -- begin: lock + claim together (the guarded pipeline) ------------------------------------
 
 
 def request(**changes: Any) -> BeginRequest:
@@ -502,7 +502,7 @@ def request(**changes: Any) -> BeginRequest:
 def test_begin_grants_the_lock_and_claims_the_operation_in_one_call(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.1, R4.2: the grant's fence is on the attempt row and on the claimed operation."""
+    """G3.1, G4.2: the grant's fence is on the attempt row and on the claimed operation."""
     guard = deliver(backend)
     begun = backend.begin(guard, request())
     assert begun.busy is None
@@ -521,7 +521,7 @@ def test_begin_with_neither_lock_nor_operation_holds_nothing(backend: Backend) -
 
 
 def test_begin_on_a_busy_resource_is_busy_and_claims_nothing(backend: Backend) -> None:
-    """R3.4: lock busy means the job waits; no operation record is created meanwhile."""
+    """G3.4: lock busy means the job waits; no operation record is created meanwhile."""
     assert backend.acquire_lock("order:42", "someone", 30.0) is not None
     begun = backend.begin(deliver(backend), request())
     assert begun.busy is BusyReason.LOCK
@@ -540,13 +540,13 @@ def test_begin_on_an_operation_claimed_elsewhere_is_busy_and_keeps_no_lock(
     assert begun.busy is BusyReason.OPERATION
     assert (begun.grant, begun.operation) == (None, None)
     assert backend.acquire_lock("order:2", "third", 5.0) is not None
-    # The attempt log does not claim a lock this delivery gave straight back (R8.1).
+    # The attempt log does not claim a lock this delivery gave straight back (G10.1).
     (attempt,) = backend.attempts(job_id=second.job_id)
     assert (attempt.lock_owner, attempt.fence) == (None, None)
 
 
 def test_begin_of_a_completed_operation_returns_it_without_a_claim(backend: Backend) -> None:
-    """R4.3, invariant 3: an already-processed operation comes back completed and unclaimed."""
+    """G4.3: an already-processed operation comes back completed and unclaimed."""
     first = deliver(backend)
     locked_first = replace(first, lock=backend.begin(first, request()).grant)
     finish(backend, locked_first, CLOSING, operation_key=KEY, result_json='"done"')

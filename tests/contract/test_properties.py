@@ -3,10 +3,10 @@
 Two hypothesis state machines drive a real store (a fresh file per example) with a
 :class:`ControlledClock` through random interleavings:
 
-* locks (issue 3 acceptance 7, invariant 5): acquire, renew, release and clock advances keep at
+* locks (G3.5): acquire, renew, release and clock advances keep at
   most one live owner and strictly increasing fences, and every answer matches
   :mod:`jobguard.core.fencing`;
-* jobs (invariants 2 and 7): enqueue, fetch, finish, retry, defer, release, bury, replay, expiry
+* jobs (G2.4 and G8.2): enqueue, fetch, finish, retry, defer, release, bury, replay, expiry
   and writes with stale lease tokens keep every job in the state that
   :data:`jobguard.core.states.TRANSITIONS` predicts, and a stale token never changes anything.
 
@@ -155,7 +155,7 @@ class LockMachine(StoreMachine):
 
     @invariant()
     def fences_agree_with_the_model(self) -> None:
-        """R3.5: the store's last issued fence is the model's, per resource."""
+        """G3.5: the store's last issued fence is the model's, per resource."""
         for resource, state in self.model.items():
             assert self.backend.lock_fence(resource) == state.fence
 
@@ -164,7 +164,7 @@ class LockMachine(StoreMachine):
 def test_any_interleaving_of_lock_operations_keeps_one_owner_and_increasing_fences(
     backend_name: str,
 ) -> None:
-    """Issue 3 acceptance 7, R3.2, R3.5, invariant 5: the store agrees with core.fencing."""
+    """G3.2, G3.5: the store agrees with core.fencing."""
     run_state_machine_as_test(on_backend(LockMachine, backend_name), settings=MACHINE_SETTINGS)
 
 
@@ -230,7 +230,7 @@ class JobMachine(StoreMachine):
 
     @rule()
     def fetch(self) -> None:
-        """Every due job is leased, except spent expired ones, which are buried (invariant 7)."""
+        """Every due job is leased, except spent expired ones, which are buried (G8.2)."""
         now = self.clock()
         due = {
             job_id
@@ -361,7 +361,7 @@ class JobMachine(StoreMachine):
     @precondition(lambda self: self.model)
     @rule(pick=PICK)
     def replay(self, pick: int) -> None:
-        """Only a dead job is replayed, with its attempts reset (invariant 8)."""
+        """Only a dead job is replayed, with its attempts reset (G8.3)."""
         job_id = sorted(self.model)[pick % len(self.model)]
         job = self.model[job_id]
         if job.status != JobStatus.DEAD:
@@ -388,11 +388,11 @@ class JobMachine(StoreMachine):
         for job_id, expected in self.model.items():
             job = stored[job_id]
             assert (job.status, job.attempts) == (expected.status, expected.attempts), job_id
-            assert job.attempts <= job.max_attempts  # invariant 7: charged, never over the cap
+            assert job.attempts <= job.max_attempts  # G8.2: charged, never over the cap
 
     @invariant()
     def only_the_current_lease_has_an_open_attempt(self) -> None:
-        """R8.1: a job has at most one running attempt row, and it is its current lease's."""
+        """G10.1: a job has at most one running attempt row, and it is its current lease's."""
         open_rows: dict[int, list[str]] = {}
         for row in self.backend.attempts(limit=100_000):
             if row.outcome == Outcome.RUNNING:
@@ -405,5 +405,5 @@ class JobMachine(StoreMachine):
 
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
 def test_any_interleaving_of_job_events_follows_the_transition_table(backend_name: str) -> None:
-    """Invariants 2, 7, 8, R2.4: states follow core.states; stale tokens change nothing."""
+    """Invariants 2, 7, 8, G2.4: states follow core.states; stale tokens change nothing."""
     run_state_machine_as_test(on_backend(JobMachine, backend_name), settings=MACHINE_SETTINGS)

@@ -1,7 +1,7 @@
 """Conformance tests of the queue port: enqueue, dedup, fetch, leases and the dead letter queue.
 
 Every test runs against every backend in ``conftest.BACKENDS`` with a :class:`ControlledClock`
-(issue 2 acceptance 1). Time only moves when a test advances it.
+(). Time only moves when a test advances it.
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ def snapshot(backend: Backend, job_id: int) -> tuple[Job, list[Any]]:
     return backend.get_job(job_id), backend.attempts(job_id=job_id)
 
 
-# -- enqueue and dedup (R5) ---------------------------------------------------------------------
+# -- enqueue and dedup (G6) ---------------------------------------------------------------------
 
 
 def test_enqueue_stores_a_queued_job_with_every_field_of_its_spec(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R1.1: a stored job is queued, uncharged, and keeps its spec (payload, keys, limits)."""
+    """G1.1: a stored job is queued, uncharged, and keeps its spec (payload, keys, limits)."""
     spec = make_spec(
         queue="mail",
         priority=4,
@@ -79,7 +79,7 @@ def test_enqueue_stores_a_queued_job_with_every_field_of_its_spec(
 def test_dedup_key_returns_the_existing_job_while_it_is_queued_or_running(
     backend: Backend,
 ) -> None:
-    """R5.1, R5.2, invariant 6: a duplicate inside the live window returns the first job."""
+    """G6.1, G6.2, G6.1: a duplicate inside the live window returns the first job."""
     first = backend.enqueue(make_spec(dedup_key="click:1", payload='{"n":1}'))
     again = backend.enqueue(make_spec(dedup_key="click:1", payload='{"n":2}'))
     assert again.id == first.id
@@ -94,7 +94,7 @@ def test_dedup_key_returns_the_existing_job_while_it_is_queued_or_running(
 
 
 def test_dedup_key_is_free_once_the_job_completed_without_a_window(backend: Backend) -> None:
-    """R5.2: with ``dedup_window_s=0`` the key is held only while the job is pending or running."""
+    """G6.2: with ``dedup_window_s=0`` the key is held only while the job is pending or running."""
     first = backend.enqueue(make_spec(dedup_key="k"))
     finish(backend, guard_of(fetch_one(backend)), CLOSING)
     second = backend.enqueue(make_spec(dedup_key="k"))
@@ -105,7 +105,7 @@ def test_dedup_key_is_free_once_the_job_completed_without_a_window(backend: Back
 def test_dedup_window_holds_the_key_for_n_seconds_after_completion_then_frees_it(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R5.2: ``dedup_window_s=60`` keeps returning the completed job for 60 s, then not."""
+    """G6.2: ``dedup_window_s=60`` keeps returning the completed job for 60 s, then not."""
     first = backend.enqueue(make_spec(dedup_key="hook:7", dedup_window_s=60.0))
     finish(backend, guard_of(fetch_one(backend)), CLOSING)
     clock.advance(59.0)
@@ -120,7 +120,7 @@ def test_dedup_window_holds_the_key_for_n_seconds_after_completion_then_frees_it
 
 
 def test_a_dead_job_does_not_hold_its_dedup_key(backend: Backend) -> None:
-    """R5.2: a job in the dead letter queue is not a live duplicate; a new enqueue is stored."""
+    """G6.2: a job in the dead letter queue is not a live duplicate; a new enqueue is stored."""
     first = backend.enqueue(make_spec(dedup_key="k", dedup_window_s=600.0))
     backend.bury(
         guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR
@@ -131,7 +131,7 @@ def test_a_dead_job_does_not_hold_its_dedup_key(backend: Backend) -> None:
 
 
 def test_enqueue_many_stores_each_job_and_deduplicates_within_the_batch(backend: Backend) -> None:
-    """R5.1: a batch enqueue dedups against stored jobs and against earlier specs in the batch."""
+    """G6.1: a batch enqueue dedups against stored jobs and against earlier specs in the batch."""
     stored = backend.enqueue(make_spec(dedup_key="old"))
     jobs = backend.enqueue_many(
         [make_spec(dedup_key="new"), make_spec(dedup_key="new"), make_spec(dedup_key="old")]
@@ -153,7 +153,7 @@ def test_enqueue_many_is_all_or_nothing(backend: Backend) -> None:
 def test_delay_s_keeps_a_job_from_being_fetched_until_it_is_due(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R6.2 (scheduling): a job enqueued with ``delay_s=10`` is invisible for 10 s."""
+    """G7.2 (scheduling): a job enqueued with ``delay_s=10`` is invisible for 10 s."""
     job = backend.enqueue(make_spec(delay_s=10.0))
     assert job.run_at == clock() + 10.0
     clock.advance(9.5)
@@ -162,11 +162,11 @@ def test_delay_s_keeps_a_job_from_being_fetched_until_it_is_due(
     assert fetch_one(backend).job_id == job.id
 
 
-# -- fetch and leases (R1, R2) ------------------------------------------------------------------
+# -- fetch and leases (G1, G2) ------------------------------------------------------------------
 
 
 def test_fetch_takes_earlier_queues_first(backend: Backend) -> None:
-    """R2.3: with several queues, the first named queue is drained first."""
+    """G2.3: with several queues, the first named queue is drained first."""
     late = backend.enqueue(make_spec(queue="slow"))
     early = backend.enqueue(make_spec(queue="fast"))
     assert fetch_one(backend, ["fast", "slow"]).job_id == early.id
@@ -197,7 +197,7 @@ def test_fetch_honours_the_limit_and_only_the_named_queues(backend: Backend) -> 
 def test_fetch_charges_the_attempt_at_delivery_and_opens_an_attempt_row(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """Invariant 7, R2.1: delivery counts the attempt, leases for the visibility timeout."""
+    """Invariant 7, G2.1: delivery counts the attempt, leases for the visibility timeout."""
     job = backend.enqueue(make_spec(visibility_timeout_s=20.0))
     delivery = fetch_one(backend, worker="worker-a")
     assert (delivery.job_id, delivery.attempt, delivery.max_attempts) == (job.id, 1, 3)
@@ -217,7 +217,7 @@ def test_fetch_charges_the_attempt_at_delivery_and_opens_an_attempt_row(
 def test_a_leased_job_is_not_delivered_again_while_its_lease_lives(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R2.1: the lease hides the job from other workers until it expires."""
+    """G2.1: the lease hides the job from other workers until it expires."""
     backend.enqueue(make_spec(visibility_timeout_s=30.0))
     fetch_one(backend, worker="w1")
     clock.advance(29.5)
@@ -227,7 +227,7 @@ def test_a_leased_job_is_not_delivered_again_while_its_lease_lives(
 def test_an_expired_lease_is_redelivered_with_a_new_token_and_the_old_attempt_closed_lost(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R1.1, R2.4: after expiry the job is delivered again; the silent delivery is ``lost``."""
+    """G1.1, G2.4: after expiry the job is delivered again; the silent delivery is ``lost``."""
     job = backend.enqueue(make_spec(visibility_timeout_s=30.0))
     first = fetch_one(backend, worker="w1")
     clock.advance(30.0)
@@ -244,7 +244,7 @@ def test_an_expired_lease_is_redelivered_with_a_new_token_and_the_old_attempt_cl
 def test_a_job_whose_last_allowed_delivery_expired_goes_dead_with_a_reason(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """Invariant 7, R7.2: a job that kills its worker every time still reaches the DLQ."""
+    """Invariant 7, G8.2: a job that kills its worker every time still reaches the DLQ."""
     job = backend.enqueue(make_spec(max_attempts=2, visibility_timeout_s=5.0))
     fetch_one(backend)
     clock.advance(5.0)
@@ -260,13 +260,13 @@ def test_a_job_whose_last_allowed_delivery_expired_goes_dead_with_a_reason(
     assert [j.id for j in backend.dead_jobs()] == [job.id]
 
 
-# -- renew (R2.2, R3.3) -------------------------------------------------------------------------
+# -- renew (G2.2, G3.3) -------------------------------------------------------------------------
 
 
 def test_renew_extends_the_lease_and_the_lock_of_a_current_delivery(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R2.2, R3.3: a heartbeat keeps both the lease and the lock beyond their first expiry."""
+    """G2.2, G3.3: a heartbeat keeps both the lease and the lock beyond their first expiry."""
     backend.enqueue(make_spec(visibility_timeout_s=10.0, resource_key="r", lock_ttl_s=10.0))
     delivery = fetch_one(backend)
     grant = backend.acquire_lock("r", "owner-1", 10.0, attempt_id=delivery.attempt_id)
@@ -284,7 +284,7 @@ def test_renew_extends_the_lease_and_the_lock_of_a_current_delivery(
 def test_renew_reports_a_stale_lease_and_a_stale_lock_as_not_ok_and_extends_neither(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R2.4, R3.2: a superseded delivery or lock grant cannot be extended; per-item results."""
+    """G2.4, G3.2: a superseded delivery or lock grant cannot be extended; per-item results."""
     backend.enqueue(make_spec(visibility_timeout_s=10.0))
     stale = fetch_one(backend, worker="w1")
     clock.advance(10.0)
@@ -304,7 +304,7 @@ def test_renew_reports_a_stale_lease_and_a_stale_lock_as_not_ok_and_extends_neit
     assert backend.acquire_lock("r", "third", 5.0) is not None
 
 
-# -- writes with a stale lease (invariant 2) ----------------------------------------------------
+# -- writes with a stale lease (G2.4) ----------------------------------------------------
 
 StaleWrite = Callable[[Backend, Guard], object]
 
@@ -322,7 +322,7 @@ STALE_WRITES: dict[str, StaleWrite] = {
 def test_a_write_with_a_redelivered_lease_is_refused_and_changes_nothing(
     backend: Backend, clock: ControlledClock, write: str
 ) -> None:
-    """Invariant 2, R2.4: finish/retry/defer/bury with a superseded lease raise LeaseLostError."""
+    """Invariant 2, G2.4: finish/retry/defer/bury with a superseded lease raise LeaseLostError."""
     job = backend.enqueue(make_spec(visibility_timeout_s=10.0, operation_key="op"))
     stale = fetch_one(backend, worker="w1")
     clock.advance(10.0)
@@ -368,7 +368,7 @@ def test_release_skips_a_stale_lease_and_changes_nothing(
 def test_finish_completes_the_job_and_closes_its_attempt(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R1.2: the job is acked only by the call that stores its final state."""
+    """G1.2: the job is acked only by the call that stores its final state."""
     job = backend.enqueue(make_spec())
     delivery = fetch_one(backend)
     clock.advance(2.0)
@@ -383,7 +383,7 @@ def test_finish_completes_the_job_and_closes_its_attempt(
 def test_retry_requeues_after_the_delay_with_the_attempt_still_charged(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R6.2: a retry waits ``delay_s``, keeps the charged attempt and records the error."""
+    """G7.2: a retry waits ``delay_s``, keeps the charged attempt and records the error."""
     job = backend.enqueue(make_spec())
     backend.retry(guard_of(fetch_one(backend)), CLOSING, delay_s=5.0, error=ERROR)
     queued = backend.get_job(job.id)
@@ -402,7 +402,7 @@ def test_retry_requeues_after_the_delay_with_the_attempt_still_charged(
 
 
 def test_retry_hands_the_error_signature_to_the_next_delivery(backend: Backend) -> None:
-    """R7.2: poison detection needs the last error signature and its run length next time."""
+    """G8.2: poison detection needs the last error signature and its run length next time."""
     backend.enqueue(make_spec())
     poisoned = ErrorInfo(type="KeyError", message="x", signature="abc", same_count=2)
     backend.retry(guard_of(fetch_one(backend)), CLOSING, delay_s=0.0, error=poisoned)
@@ -413,7 +413,7 @@ def test_retry_hands_the_error_signature_to_the_next_delivery(backend: Backend) 
 def test_defer_requeues_without_charging_the_attempt(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R3.4: a busy resource hands the attempt back and counts a deferral instead."""
+    """G3.4: a busy resource hands the attempt back and counts a deferral instead."""
     job = backend.enqueue(make_spec(max_attempts=1))
     backend.defer(guard_of(fetch_one(backend)), CLOSING, delay_s=2.0, reason="resource busy")
     queued = backend.get_job(job.id)
@@ -440,7 +440,7 @@ def test_release_hands_leases_back_uncharged_and_ready_at_once(backend: Backend)
 def test_bury_moves_the_job_to_the_dead_letter_queue_with_reason_and_error(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R7.1: a buried job keeps its payload, reason and error; its attempt closes as dead."""
+    """G8.1: a buried job keeps its payload, reason and error; its attempt closes as dead."""
     job = backend.enqueue(make_spec())
     backend.bury(
         guard_of(fetch_one(backend)),
@@ -465,7 +465,7 @@ def test_bury_moves_the_job_to_the_dead_letter_queue_with_reason_and_error(
 def test_record_refusal_marks_the_stale_delivery_own_attempt_row(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R8.1: a refused write is visible on the stale delivery's attempt, not on the job."""
+    """G10.1: a refused write is visible on the stale delivery's attempt, not on the job."""
     job = backend.enqueue(make_spec(visibility_timeout_s=10.0))
     stale = fetch_one(backend)
     clock.advance(10.0)
@@ -482,13 +482,13 @@ def test_record_refusal_marks_the_stale_delivery_own_attempt_row(
     assert backend.get_job(job.id) == job_before
 
 
-# -- the dead letter queue (R7.3) ---------------------------------------------------------------
+# -- the dead letter queue (G8.3) ---------------------------------------------------------------
 
 
 def test_replay_keeps_id_payload_and_keys_and_resets_attempts(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """R7.3, invariant 8: replay queues the same job again with its operation key."""
+    """G8.3: replay queues the same job again with its operation key."""
     job = backend.enqueue(
         make_spec(operation_key="op:9", resource_key="res:9", lock_ttl_s=5.0, dedup_key="d:9")
     )
@@ -510,7 +510,7 @@ def test_replay_keeps_id_payload_and_keys_and_resets_attempts(
 
 
 def test_replay_of_a_job_that_is_not_dead_is_not_found(backend: Backend) -> None:
-    """R7.3: only dead jobs can be replayed; queued, running and missing jobs are refused."""
+    """G8.3: only dead jobs can be replayed; queued, running and missing jobs are refused."""
     queued = backend.enqueue(make_spec())
     with pytest.raises(NotFoundError):
         backend.replay(queued.id)
@@ -525,7 +525,7 @@ def test_replay_of_a_job_that_is_not_dead_is_not_found(backend: Backend) -> None
 def test_purge_deletes_one_dead_job_or_all_of_them_with_their_attempts(
     backend: Backend,
 ) -> None:
-    """R7.3: purge removes dead jobs and their attempt rows; live jobs are never purged."""
+    """G8.3: purge removes dead jobs and their attempt rows; live jobs are never purged."""
     dead = []
     for _ in range(3):
         job = backend.enqueue(make_spec())
@@ -583,7 +583,7 @@ def test_list_count_and_dead_jobs_report_what_is_stored(
 def test_now_is_the_store_clock_that_leases_expire_on(
     backend: Backend, clock: ControlledClock
 ) -> None:
-    """DESIGN 'Time': leases use the store's clock, which ``now()`` exposes."""
+    """Leases use the store's clock, which ``now()`` exposes."""
     assert backend.now() == clock()
     backend.enqueue(make_spec(visibility_timeout_s=7.0))
     lease = fetch_one(backend)
@@ -599,7 +599,7 @@ def test_finish_many_acks_current_deliveries_and_refuses_stale_ones_without_writ
     backend: Backend, clock: ControlledClock
 ) -> None:
     """One commit acks a batch (the worker's throughput lever); a stale delivery inside it is
-    refused on its own and changes nothing, while the others are acked (R1.2, invariant 2)."""
+    refused on its own and changes nothing, while the others are acked (G1.2, G2.4)."""
     first = backend.enqueue(make_spec(payload='{"n":1}'))
     second = backend.enqueue(make_spec(payload='{"n":2}', visibility_timeout_s=5.0))
     third = backend.enqueue(make_spec(payload='{"n":3}'))
@@ -631,7 +631,7 @@ def test_replay_is_refused_while_another_live_job_holds_the_dedup_key(
     backend: Backend, clock: ControlledClock
 ) -> None:
     """A job enqueued again while the first one was dead holds the key; replaying the dead one
-    would give two live jobs for one dedup key (R5, invariant 6). Once the live one is gone, the
+    would give two live jobs for one dedup key (G6, G6.1). Once the live one is gone, the
     replay goes through."""
     first = backend.enqueue(make_spec(dedup_key="invoice:9", max_attempts=1))
     delivery = fetch_one(backend)
@@ -656,7 +656,7 @@ def test_prune_deletes_old_completed_jobs_in_batches_and_keeps_everything_else(
     backend: Backend, clock: ControlledClock
 ) -> None:
     """Retention removes completed jobs past the age and their attempts, batch by batch; live,
-    dead, recent and dedup-holding jobs and every operation record stay (R4.3, R5.2)."""
+    dead, recent and dedup-holding jobs and every operation record stay (G4.3, G6.2)."""
     old = [backend.enqueue(make_spec(payload=f'{{"n":{n}}}')) for n in range(5)]
     for delivery in backend.fetch(["default"], 5, "w1"):
         finish(backend, guard_of(delivery), CLOSING)

@@ -1,4 +1,4 @@
-"""Bad input at the door and in the store (issue 2, acceptance 9).
+"""Bad input at the door and in the store ().
 
 What can be checked at enqueue is refused there with a typed error and nothing is stored. What
 reaches a worker anyway (a row for a task this worker does not know, a payload corrupted in the
@@ -48,7 +48,7 @@ def corrupt_payload(url: str, job_id: int, payload: str) -> None:
 def test_unknown_task_name_is_refused_at_enqueue_and_nothing_is_stored(app: App) -> None:
     """``app.enqueue`` with a name no task is registered under raises ``UnknownTaskError``.
 
-    Issue 2 acceptance 9; R6.1 (bad input is not retried, it is refused).
+    G7.1 (bad input is not retried, it is refused).
     """
     register_echo(app)
     with pytest.raises(UnknownTaskError, match=r"unknown task 'nope' \(registered: echo\)"):
@@ -62,10 +62,7 @@ def test_unknown_task_name_is_refused_at_enqueue_and_nothing_is_stored(app: App)
     ids=["object", "set", "bytes", "nan", "inf"],
 )
 def test_payload_that_is_not_json_is_refused_at_enqueue(app: App, value: object) -> None:
-    """Arguments that are not plain JSON (no pickle, no NaN) raise ``PayloadError``.
-
-    Issue 2 acceptance 9.
-    """
+    """Arguments that are not plain JSON (no pickle, no NaN) raise ``PayloadError``."""
     echo = register_echo(app)
     with pytest.raises(PayloadError, match="must be JSON-serialisable"):
         echo.enqueue(text=value)
@@ -77,10 +74,7 @@ def test_payload_that_is_not_json_is_refused_at_enqueue(app: App, value: object)
 def test_payload_over_the_default_1_mib_limit_is_refused_and_one_at_the_limit_is_stored(
     app: App,
 ) -> None:
-    """The encoded payload may be 1 MiB at most by default; one byte more is a ``PayloadError``.
-
-    Issue 2 acceptance 9.
-    """
+    """The encoded payload may be 1 MiB at most by default; one byte more is a ``PayloadError``."""
     assert DEFAULT_MAX_PAYLOAD_BYTES == 1024 * 1024
     echo = register_echo(app)
     overhead = len('{"text":""}')
@@ -101,7 +95,7 @@ def test_queue_name_that_is_not_a_plain_identifier_is_refused(app: App, queue: s
     """A queue name must be a plain identifier: refused when registering a task, per call at
     enqueue, and when starting a worker; nothing is stored.
 
-    Issue 2 acceptance 9.
+
     """
     echo = register_echo(app)
     with pytest.raises(ConfigurationError, match="is not a plain identifier"):
@@ -123,10 +117,7 @@ def test_queue_name_that_is_not_a_plain_identifier_is_refused(app: App, queue: s
 def test_arguments_that_do_not_match_the_handler_are_refused_at_enqueue(
     app: App, kwargs: dict[str, Any]
 ) -> None:
-    """Arguments the handler cannot be called with raise ``PayloadError`` at enqueue.
-
-    Issue 2 acceptance 9.
-    """
+    """Arguments the handler cannot be called with raise ``PayloadError`` at enqueue."""
     echo = register_echo(app)
     with pytest.raises(PayloadError, match="arguments do not match the handler"):
         echo.enqueue(**kwargs)
@@ -142,7 +133,7 @@ def test_rows_the_worker_cannot_run_land_in_the_dlq_with_their_reason_and_the_re
     object, or do not fit the handler, are each buried after one delivery with the reason; the
     same worker completes every good job around them.
 
-    Issue 2 acceptance 9; R7.1, invariant 1 (nothing lost).
+    G8.1, G1.1 (nothing lost).
     """
     url = store_url
     producer = App(url)
@@ -204,7 +195,7 @@ def test_worker_process_buries_unrunnable_rows_and_keeps_working_without_a_crash
     """A real worker process given unrunnable rows between good jobs buries each once, runs the
     good ones, and exits 0 when idle (burst): no crash loop, nothing lost.
 
-    Issue 2 acceptance 9; R7.1, invariant 1.
+    G8.1, G1.1.
     """
     url = store_url
     producer = make_app(url)

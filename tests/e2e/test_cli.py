@@ -1,4 +1,4 @@
-"""The ``jobguard`` command line: every command and every documented error path (issue #2, CLI).
+"""The ``jobguard`` command line: every command and every documented error path.
 
 Most tests drive the click command in-process with ``CliRunner`` against an app module written
 into ``tmp_path``; the last ones run the installed ``jobguard`` entry point as a real process.
@@ -158,7 +158,7 @@ def run_process(
 
 
 def test_enqueue_prints_the_new_job_id_and_stores_its_arguments(shop: Shop) -> None:
-    """`enqueue TASK --kwargs JSON` stores one job and prints its id (issue #2 CLI, R1.1)."""
+    """`enqueue TASK --kwargs JSON` stores one job and prints its id (G1.1)."""
     result = run("--app", shop.app_path, "enqueue", "charge", "--kwargs", '{"order_id": 7}')
 
     assert result.exit_code == 0, result.stderr
@@ -169,7 +169,7 @@ def test_enqueue_prints_the_new_job_id_and_stores_its_arguments(shop: Shop) -> N
 
 
 def test_enqueue_reads_the_app_from_the_jobguard_app_environment_variable(shop: Shop) -> None:
-    """JOBGUARD_APP stands in for --app, as the help text says (issue #2 CLI)."""
+    """JOBGUARD_APP stands in for --app, as the help text says."""
     result = CliRunner(env={"JOBGUARD_APP": shop.app_path}).invoke(
         cli, ["enqueue", "charge", "--kwargs", '{"order_id": 1}', "--json"]
     )
@@ -179,7 +179,7 @@ def test_enqueue_reads_the_app_from_the_jobguard_app_environment_variable(shop: 
 
 
 def test_enqueue_with_a_held_dedup_key_returns_the_existing_job(shop: Shop) -> None:
-    """A second enqueue with the same --dedup-key says deduplicated and stores nothing (R5.1)."""
+    """A second enqueue with the same --dedup-key says deduplicated and stores nothing (G6.1)."""
     args = [
         *enqueue_args(shop, "charge", '{"order_id": 1}'),
         "--dedup-key",
@@ -199,7 +199,7 @@ def test_enqueue_with_a_held_dedup_key_returns_the_existing_job(shop: Shop) -> N
 
 
 def test_enqueue_applies_delay_priority_queue_and_dedup_window(shop: Shop) -> None:
-    """--delay-s, --priority, --queue and --dedup-window-s reach the stored job (R5.2)."""
+    """--delay-s, --priority, --queue and --dedup-window-s reach the stored job (G6.2)."""
     result = run(
         *enqueue_args(shop, "charge", '{"order_id": 2}'),
         "--delay-s",
@@ -258,7 +258,7 @@ def test_enqueue_applies_delay_priority_queue_and_dedup_window(shop: Shop) -> No
 def test_bad_enqueue_arguments_are_one_line_usage_errors_and_store_nothing(
     shop: Shop, args: list[str], needle: str
 ) -> None:
-    """Bad input is refused at the door with one line and exit 2 (issue #2 CLI, acceptance 9)."""
+    """Bad input is refused at the door with one line and exit 2."""
     result = run("--app", shop.app_path, *args)
 
     assert result.exit_code == 2, result.output
@@ -332,7 +332,7 @@ def test_jobs_rejects_an_unknown_status_in_one_line(shop: Shop) -> None:
 
 
 def test_attempts_show_the_r8_1_fields_by_job_and_by_operation(shop: Shop) -> None:
-    """`attempts --job` / `--operation` print the attempt log with R8.1 metadata (R8.1)."""
+    """`attempts --job` / `--operation` print the attempt log with G10.1 metadata (G10.1)."""
     run("--app", shop.app_path, "enqueue", "fulfill", "--kwargs", '{"order_id": 5}')
     burst(shop, "--worker-id", "cli-worker-1")
 
@@ -385,7 +385,7 @@ def test_attempts_of_an_unknown_job_or_operation_exit_1(
 
 
 def test_dlq_list_and_show_give_reason_payload_and_every_traceback(shop: Shop) -> None:
-    """`dlq list` and `dlq show` expose what R7.1 requires: reason, payload, attempt metadata."""
+    """`dlq list` and `dlq show` expose what G8.1 requires: reason, payload, attempt metadata."""
     run("--app", shop.app_path, "enqueue", "charge", "--kwargs", '{"order_id": -4}')
     burst(shop)
 
@@ -410,7 +410,7 @@ def test_dlq_list_and_show_give_reason_payload_and_every_traceback(shop: Shop) -
 
 
 def test_dlq_replay_requeues_the_same_job_with_its_keys(shop: Shop) -> None:
-    """`dlq replay` puts the dead job back: same id, arguments and operation key (R7.3)."""
+    """`dlq replay` puts the dead job back: same id, arguments and operation key (G8.3)."""
     run("--app", shop.app_path, "enqueue", "fulfill", "--kwargs", '{"order_id": 8}')
     jobs = stores.table(shop.url, "jobs")
     stores.execute(shop.url, [f"UPDATE {jobs} SET status = 'dead', dead_reason = 'test: by hand'"])
@@ -434,7 +434,7 @@ def test_dlq_replay_requeues_the_same_job_with_its_keys(shop: Shop) -> None:
 
 
 def test_dlq_purge_asks_first_and_deletes_the_job_with_its_attempts(shop: Shop) -> None:
-    """`dlq purge ID` confirms unless --yes; a refusal keeps everything (R7.3)."""
+    """`dlq purge ID` confirms unless --yes; a refusal keeps everything (G8.3)."""
     for order_id in (-1, -2):
         run(
             *enqueue_args(shop, "charge", json.dumps({"order_id": order_id})),
@@ -543,7 +543,7 @@ def test_installed_entry_point_enqueues_and_worker_burst_processes_the_jobs(shop
     """The `jobguard` executable enqueues, `worker --burst` runs every job once and exits 0.
 
     Real processes only: enqueue, worker and inspection each start their own interpreter
-    (issue #2 CLI; R1.2: a job is completed only with its effect committed).
+    (G1.2: a job is completed only with its effect committed).
     """
     for order_id in (1, 2, 3):
         enqueued = run_process(
@@ -628,7 +628,7 @@ def worker_process(shop: Shop, *options: str) -> Iterator[subprocess.Popen[str]]
 
 def test_worker_process_finishes_its_running_job_on_sigterm_and_exits_0(shop: Shop) -> None:
     """SIGTERM to `jobguard worker`: no new fetches, the running job finishes in --grace-s,
-    the process exits 0 (R2, DESIGN invariant 9; issue #2 worker shutdown)."""
+    the process exits 0 (G2, G9)."""
     go = shop.directory / "go"
     run(
         *enqueue_args(shop, "fulfill", json.dumps({"order_id": 1, "wait_for": str(go)})),
@@ -657,7 +657,7 @@ def test_a_second_sigterm_releases_running_jobs_without_waiting_out_the_grace(
     shop: Shop,
 ) -> None:
     """A second SIGTERM stops waiting: the running job is released uncharged at once
-    (DESIGN invariant 9; the worker's documented second-signal behaviour)."""
+    (G9; the worker's documented second-signal behaviour)."""
     never = shop.directory / "never-created"
     run(
         *enqueue_args(shop, "fulfill", json.dumps({"order_id": 1, "wait_for": str(never)})),

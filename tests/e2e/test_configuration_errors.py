@@ -13,7 +13,7 @@ from jobguard.cli.main import cli
 
 
 def test_unknown_synchronous_mode_is_a_configuration_error(tmp_path: Path) -> None:
-    """``synchronous=OFF`` would trade durability away silently (R1.2); refuse it."""
+    """``synchronous=OFF`` would trade durability away silently (G1.2); refuse it."""
     with pytest.raises(ConfigurationError, match="synchronous"):
         SQLiteBackend(str(tmp_path / "jobs.db"), synchronous="OFF")
 

@@ -1,9 +1,9 @@
-"""End-to-end: ``jobguard demo`` keeps the shop correct under fire; ``--unsafe`` breaks it (R9).
+"""End-to-end: ``jobguard demo`` keeps the shop correct under fire; ``--unsafe`` breaks it.
 
 The demo runs as a real command (worker processes SIGKILLed and frozen, a real local mail API
 with faults, SQLite on disk). Its JSON report is never taken on trust: every number is recomputed
 here, independently, from the database file and the mail service's log it leaves behind, so the
-report cannot say 0 where the tables say otherwise (issue #4, acceptance 1-4).
+report cannot say 0 where the tables say otherwise.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def poison_orders(conn: sqlite3.Connection) -> set[int]:
 
 
 def test_safe_demo_exits_zero_with_zero_duplicates_and_nothing_lost(safe_run: DemoRun) -> None:
-    """The README's demo ends in a zero-duplicate, zero-lost report and exit 0 (#4 acc. 1, R9)."""
+    """The README's demo ends in a zero-duplicate, zero-lost report and exit 0."""
     report = safe_run.report
     assert safe_run.returncode == 0, safe_run.stderr[-3000:]
     assert report["exit_code"] == 0
@@ -147,7 +147,7 @@ def test_safe_demo_exits_zero_with_zero_duplicates_and_nothing_lost(safe_run: De
 
 
 def test_safe_report_matches_the_shop_tables(safe_run: DemoRun) -> None:
-    """Every shop number in the report is what the tables say (#4 acc. 3, R4.6, R9)."""
+    """Every shop number in the report is what the tables say (G4.5)."""
     report = safe_run.report
     with safe_run.db() as conn:
         invoices = per_order_counts(conn, "invoices")
@@ -186,7 +186,7 @@ def test_safe_report_matches_the_shop_tables(safe_run: DemoRun) -> None:
 
 
 def test_safe_report_matches_the_mail_log(safe_run: DemoRun) -> None:
-    """One email per fulfilled order, naming its one invoice, despite mail faults (R4.5, R9)."""
+    """One email per fulfilled order, naming its one invoice, despite mail faults (G4.4)."""
     log = safe_run.mail_log()
     emails = emails_per_order(safe_run)
     assert len(log["sent"]) == safe_run.report["shop"]["emails_sent"] == sum(emails.values())
@@ -207,8 +207,8 @@ def test_safe_report_matches_the_mail_log(safe_run: DemoRun) -> None:
 def test_safe_report_layer_counters_match_the_store(safe_run: DemoRun) -> None:
     """Each layer's counter is the store's own record of it, and each layer caught something.
 
-    R2.4 stale leases, R3.4 deferrals, R3.5 fences, R4.3 already processed, R4.4 memoised
-    steps, R5.1 dedup hits, R6.2 retries, R7.1 poison in the DLQ (#4 acc. 3).
+    G2.4 stale leases, G3.4 deferrals, G3.5 fences, G4.3 already processed, G5.1 memoised
+    steps, G6.1 dedup hits, G7.2 retries, G8.1 poison in the DLQ.
     """
     layers = {key: value["count"] for key, value in safe_run.report["layers"].items()}
     plan = FaultPlan.build(SEED, ORDERS)
@@ -245,7 +245,7 @@ def test_safe_report_layer_counters_match_the_store(safe_run: DemoRun) -> None:
 
 
 def test_frozen_workers_stale_writes_were_refused_by_the_fence(safe_run: DemoRun) -> None:
-    """A worker frozen past its lock TTL wrote nothing with its old fence after waking (R3.5)."""
+    """A worker frozen past its lock TTL wrote nothing with its old fence after waking (G3.5)."""
     with safe_run.db() as conn:
         refused = conn.execute(
             "SELECT operation_key, fence FROM attempts WHERE outcome = 'fence_refused'"
@@ -268,7 +268,7 @@ def test_frozen_workers_stale_writes_were_refused_by_the_fence(safe_run: DemoRun
 
 
 def test_unsafe_demo_shows_double_invoices_stock_cuts_and_emails(unsafe_run: DemoRun) -> None:
-    """Protections off: the article's symptoms appear, counted from the tables (#4 acc. 2, R9)."""
+    """Protections off: the article's symptoms appear, counted from the tables."""
     report = unsafe_run.report
     assert unsafe_run.returncode == 1
     assert report["exit_code"] == 1
@@ -298,7 +298,7 @@ def test_unsafe_demo_shows_double_invoices_stock_cuts_and_emails(unsafe_run: Dem
 def test_report_cannot_say_zero_when_the_tables_hold_duplicates(
     safe_run: DemoRun, tmp_path: Path
 ) -> None:
-    """Duplicates planted in a copy of the tables and mail log show in the report (#4 acc. 3)."""
+    """Duplicates planted in a copy of the tables and mail log show in the report."""
     copy = DemoFiles.beside(tmp_path / "shop.db")
     shutil.copy(safe_run.files.db, copy.db)
     log = safe_run.mail_log()
@@ -342,7 +342,7 @@ def test_demo_refuses_to_reuse_an_existing_database(tmp_path: Path) -> None:
 
 
 def test_fault_plan_is_reproducible_and_small_runs_meet_every_fault() -> None:
-    """One seed, one plan; even a 40-order run meets each fault (R9 faults from --seed)."""
+    """One seed, one plan; even a 40-order run meets each fault (the demo faults from --seed)."""
     plan = FaultPlan.build(SEED, ORDERS)
     assert plan == FaultPlan.build(SEED, ORDERS)
     assert plan != FaultPlan.build(SEED + 1, ORDERS)
@@ -357,7 +357,7 @@ def test_fault_plan_is_reproducible_and_small_runs_meet_every_fault() -> None:
 
 
 def test_tour_walks_through_every_line_of_the_report(safe_run: DemoRun) -> None:
-    """docs/tour.md names every counter of the report with its requirement ID (#4 acc. 4)."""
+    """docs/tour.md names every counter of the report with its requirement ID."""
     tour = (REPO_ROOT / "docs" / "tour.md").read_text("utf-8")
     readme = (REPO_ROOT / "README.md").read_text("utf-8")
     assert "docs/tour.md" in readme

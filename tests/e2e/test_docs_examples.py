@@ -567,7 +567,7 @@ def test_documented_cli_options_match_the_commands() -> None:
 
 
 def test_documented_fields_match_the_models() -> None:
-    """Field tables (the attempt log of R8.1, outcomes, job states) list exactly the code's."""
+    """Field tables (the attempt log of G10.1, outcomes, job states) list exactly the code's."""
     tables = marked_tables("fields")
     assert {target for _, target, _ in tables} >= {
         "jobguard.models:Attempt",

@@ -1,4 +1,4 @@
-"""``jobguard doctor`` and ``app.diagnose()`` against a real store and real workers (R8.2-R8.5).
+"""``jobguard doctor`` and ``app.diagnose()`` against a real store and real workers (G10.2-G10.5).
 
 The overlap tests make the failure the doctor exists to find: two in-process workers with the
 heartbeat switched off (``Worker(heartbeat=False)``, which exists to show this) and a visibility
@@ -93,10 +93,10 @@ def stalled_app(url: str) -> Iterator[tuple[App, threading.Event]]:
 def test_doctor_finds_exactly_the_overlap_of_a_stalled_delivery_and_advises_the_timeout(
     stalled_app: tuple[App, threading.Event], url: str
 ) -> None:
-    """R8.2: one operation run by two workers at once is found, once, with both workers, lease
+    """G10.2: one operation run by two workers at once is found, once, with both workers, lease
     tokens and fences, and its cause: the lease was shorter than the job. "No resource lock" is
     not offered: a lock renewed with that lease would have expired with it.
-    R8.3: the 1 s visibility timeout is below the longest run, so the doctor advises raising it
+    G10.3: the 1 s visibility timeout is below the longest run, so the doctor advises raising it
     and exits 1."""
     app, second_started = stalled_app
 
@@ -163,9 +163,9 @@ def test_doctor_finds_exactly_the_overlap_of_a_stalled_delivery_and_advises_the_
 def test_doctor_names_a_lock_ttl_shorter_than_the_job_with_both_fences(
     stalled_app: tuple[App, threading.Event], url: str
 ) -> None:
-    """R8.2, R3.5: with a resource lock whose TTL is shorter than the job, the lock was granted
+    """G10.2, G3.5: with a resource lock whose TTL is shorter than the job, the lock was granted
     again while the first delivery ran: the overlap names the lock TTL and fences 1 then 2, and
-    R8.3 flags the lock TTL as well as the visibility timeout."""
+    G10.3 flags the lock TTL as well as the visibility timeout."""
     app, second_started = stalled_app
 
     @app.task(
@@ -212,7 +212,7 @@ def test_doctor_names_a_lock_ttl_shorter_than_the_job_with_both_fences(
 
 
 def test_doctor_on_a_healthy_store_reports_nothing_and_exits_0(url: str) -> None:
-    """R8.2-R8.5 clean run: jobs that completed once each, well inside their timeouts, with
+    """G10.2-G10.5 clean run: jobs that completed once each, well inside their timeouts, with
     their operation records: no overlap, no advice, no warning, exit 0."""
     app = App(url)
 
@@ -254,7 +254,7 @@ def test_doctor_on_a_healthy_store_reports_nothing_and_exits_0(url: str) -> None
 
 
 def test_doctor_reports_poison_and_a_retry_spike_as_warnings_with_exit_0(url: str) -> None:
-    """R8.4: a task failing with the same stack trace again and again shows a retry spike and
+    """G10.4: a task failing with the same stack trace again and again shows a retry spike and
     one repeating error with its count, jobs and example ids, marked as a poison candidate; these
     are warnings, so the exit code stays 0."""
     app = App(url)

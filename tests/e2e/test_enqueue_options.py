@@ -1,4 +1,4 @@
-"""Per-call enqueue options are validated, never silently dropped (R5.1)."""
+"""Per-call enqueue options are validated, never silently dropped (G6.1)."""
 
 from __future__ import annotations
 

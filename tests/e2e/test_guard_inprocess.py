@@ -48,7 +48,7 @@ def stock(store_url: str) -> int:
 def test_operation_record_reports_completed_fulfillment(store_url: str, mail: MailServer) -> None:
     """``app.operation(key)`` returns status, result, external ref, attempts, fence and steps.
 
-    R4.2, issue 3 "Public API"; an unknown key gives ``None``.
+    G4.2; an unknown key gives ``None``.
     """
     app = fulfillment_app(store_url, mail)
     try:
@@ -79,7 +79,7 @@ def test_failed_db_step_rolls_back_its_business_rows_and_reruns_once(
 ) -> None:
     """A ``db_step`` whose function raised after writing leaves no row and no step record.
 
-    Invariant 10, R4.4 "a step that raised is not recorded as done", R4.6: the retry skips the
+    Invariant 10, G5.1 "a step that raised is not recorded as done", G4.5: the retry skips the
     committed step (cut stock), reruns the failed one (invoice) and the invoice exists once.
     """
     faults = Faults(raise_points=("invoice-inserted",), attempts=(1,))
@@ -116,7 +116,7 @@ def test_step_that_raised_is_retried_with_the_same_idempotency_key(
     """An email step that raised after the service sent the mail is not recorded; its retry
     calls again with the same ``Idempotency-Key`` and the service sends nothing more.
 
-    R4.4, R4.5 (the key is stable across attempts), R9 "zero double emails".
+    G5.1, G4.4 (the key is stable across attempts), the demo "zero double emails".
     """
     faults = Faults(raise_points=("email-sent",), attempts=(1,))
     app = fulfillment_app(store_url, mail, faults)
@@ -140,7 +140,7 @@ def test_step_that_raised_is_retried_with_the_same_idempotency_key(
 def test_app_lock_busy_raises_and_fences_increase(app: App) -> None:
     """A held lock refuses a second owner with ``LockBusyError``; each grant's fence is larger.
 
-    R3.1, R3.2, R3.5, issue 3 "A standalone app.lock(resource, ttl_s=…)".
+    G3.1, G3.2, G3.5: a standalone ``app.lock(resource, ttl_s=…)``.
     """
     with app.lock("order:42", ttl_s=30) as first:
         with pytest.raises(LockBusyError) as busy, app.lock("order:42", ttl_s=30):
@@ -161,7 +161,7 @@ def test_app_lock_busy_raises_and_fences_increase(app: App) -> None:
 def test_app_lock_is_renewed_while_held(app: App) -> None:
     """A lock held past twice its TTL is still ours: the renewer keeps extending it.
 
-    R3.3; the next grant after release continues the fence sequence.
+    G3.3; the next grant after release continues the fence sequence.
     """
     with app.lock("order:42", ttl_s=1.0) as grant:
         past_ttl = grant.expires_at + 1.0
@@ -179,7 +179,7 @@ def test_app_lock_without_renewal_expires_and_the_old_owner_cannot_touch_the_new
     """Without renewal the TTL ends the lock: a new owner gets a higher fence, and the old
     owner can neither renew nor release the new owner's lock.
 
-    R3.2 (release and extend only by the owner), R3.5; also shows the renewal test above can
+    G3.2 (release and extend only by the owner), G3.5; also shows the renewal test above can
     fail (a lock that is not renewed does expire).
     """
     with app.lock("order:42", ttl_s=0.3, renew=False) as old:

@@ -1,4 +1,4 @@
-"""Promises kept under day-one and hostile use, with real worker processes (issue 8).
+"""Promises kept under day-one and hostile use, with real worker processes.
 
 Retries do what the task says, steps are exact, one job's bad data never hurts another job,
 and a heartbeat that cannot do its job stops its worker loudly. Every test runs real worker

@@ -1,4 +1,4 @@
-"""The demo's mail service sends only what was fully asked for (R4.5, R9)."""
+"""The demo's mail service sends only what was fully asked for (G4.4, the demo)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Visibility timeouts per queue and per task (R2.3)."""
+"""Visibility timeouts per queue and per task (G2.3)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from jobguard import App, ConfigurationError, Context
 def test_task_without_timeout_takes_its_queues_timeout_and_task_setting_wins(
     store_url: str,
 ) -> None:
-    """R2.3: fast and slow jobs can live in separate queues with their own lease lengths."""
+    """G2.3: fast and slow jobs can live in separate queues with their own lease lengths."""
     app = App(store_url, queue_visibility_timeouts_s={"slow": 300})
 
     @app.task(queue="slow")

@@ -1,5 +1,5 @@
 """The README's two commands stay true: CI runs the second verbatim, and a real (non-editable)
-install of the package runs the first one's demo. Issue 2 acceptance 10, issue 4 acceptance 1."""
+install of the package runs the first one's demo."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Retention: old completed jobs go, the idempotency records stay (R4.3)."""
+"""Retention: old completed jobs go, the idempotency records stay (G4.3)."""
 
 from __future__ import annotations
 

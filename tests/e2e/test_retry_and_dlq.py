@@ -1,4 +1,4 @@
-"""Retries with backoff, the dead letter queue and replay, end to end (issue 2, acceptance 8).
+"""Retries with backoff, the dead letter queue and replay, end to end ().
 
 In-process workers (``jobguard.testing.drain``) on a real store of each backend: the handlers and
 the store are real, only the process boundary is left out.
@@ -24,7 +24,7 @@ def test_transient_error_is_retried_with_capped_full_jitter_backoff(app: App) ->
     """Each retry is scheduled ``uniform(0, min(cap, base * 2**(n-1)))`` after attempt ``n``
     failed, never runs before that time, and the job completes once the error clears.
 
-    Issue 2 acceptance 8; R6.1, R6.2.
+    G7.1, G7.2.
     """
     base_s, cap_s, failures = 0.1, 0.15, 5
     scheduled_at: dict[int, float] = {}
@@ -70,7 +70,7 @@ def test_transient_error_that_never_clears_is_buried_after_max_attempts(app: App
     """A transient error on every delivery ends in the DLQ after exactly ``max_attempts``, with
     each attempt's error and traceback; purging removes the job and its attempt rows.
 
-    Issue 2 acceptance 8; R6.2, R7.1, R7.3 (purge).
+    G7.2, G8.1, G8.3 (purge).
     """
 
     @app.task(name="down", max_attempts=3, backoff_base_s=0.01, backoff_cap_s=0.02,
@@ -118,7 +118,7 @@ def test_fatal_error_goes_to_the_dlq_at_once_and_replay_reruns_it_with_the_same_
     """A fatal error buries the job after one attempt (no retry); after a fix, replay from the
     DLQ runs the same job again: same id, payload, dedup key and operation key.
 
-    Issue 2 acceptance 8; R6.1, R7.1, R7.3, invariant 8 (replay keeps the operation key).
+    G7.1, G8.1, G8.3 (replay keeps the operation key).
     """
     fixed = False
     runs: list[tuple[int, int, str | None]] = []

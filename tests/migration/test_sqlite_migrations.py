@@ -65,7 +65,7 @@ def spec() -> JobSpec:
 def test_a_fresh_file_is_migrated_to_the_latest_version_in_wal_mode(
     opened: SQLiteBackend, db_path: Path
 ) -> None:
-    """DESIGN 'Layout': opening a new file creates every table and records the version."""
+    """Opening a new file creates every table and records the version."""
     version, mode, schema = inspect_file(db_path)
     assert version == LATEST
     assert mode == "wal"

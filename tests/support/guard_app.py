@@ -72,7 +72,7 @@ BUSINESS_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS {stock_moves} ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, order_id INTEGER NOT NULL, sku TEXT NOT NULL,"
     " fence INTEGER, worker_id TEXT NOT NULL)",
-    # One invoice per order is a storage rule (R4.6), not a hope.
+    # One invoice per order is a storage rule (G4.5), not a hope.
     "CREATE TABLE IF NOT EXISTS {invoices} ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, order_id INTEGER NOT NULL UNIQUE,"
     " fence INTEGER, worker_id TEXT NOT NULL)",
@@ -374,7 +374,7 @@ def make_app(
         **guarded,
     )
     def fulfill(ctx: Context, order_id: int, sku: str) -> dict[str, Any]:
-        """Cut stock, create the invoice, email the customer — each exactly once (R9)."""
+        """Cut stock, create the invoice, email the customer — each exactly once."""
         record("start", ctx, order_id=order_id)
         if order_id in faults.fatal_orders:
             raise Fatal(f"order {order_id} is configured to fail")

@@ -1,4 +1,4 @@
-"""The diagnostics checks (R8.2-R8.5) over constructed attempt, job and operation values.
+"""The diagnostics checks (G10.2-G10.5) over constructed attempt, job and operation values.
 
 Every check is a pure function, so each branch is driven here with hand-built values; the
 end-to-end versions against a real store and real workers are in ``tests/e2e/test_doctor.py``.
@@ -130,16 +130,16 @@ def traceback_text(line: int, error: str = "TimeoutError: the ERP did not answer
     )
 
 
-# -- R8.2 overlaps ------------------------------------------------------------------------------
+# -- G10.2 overlaps ------------------------------------------------------------------------------
 
 
 def test_no_attempts_means_no_overlaps() -> None:
-    """R8.2, "no data": an empty log has nothing to report."""
+    """G10.2, "no data": an empty log has nothing to report."""
     assert find_overlaps([], {}, T0) == []
 
 
 def test_stale_delivery_that_ran_on_after_its_lease_was_taken_over_overlaps_its_successor() -> None:
-    """R8.2: the old attempt was closed as lost at the take-over (``ended_at``), but it reported
+    """G10.2: the old attempt was closed as lost at the take-over (``ended_at``), but it reported
     later how long it really ran (``duration_s``): that run, not the row's end, overlaps."""
     stale = attempt(
         worker_id="w1",
@@ -169,7 +169,7 @@ def test_stale_delivery_that_ran_on_after_its_lease_was_taken_over_overlaps_its_
 
 
 def test_crashed_delivery_ends_when_its_lease_was_taken_over_so_no_overlap() -> None:
-    """R8.2: a ``lost`` attempt with no reported duration ends at the take-over; the next
+    """G10.2: a ``lost`` attempt with no reported duration ends at the take-over; the next
     delivery starts at that very instant, which is a hand-over, not an overlap."""
     lost = attempt(ended_at=T0 + 1.0, duration_s=None, outcome=Outcome.LOST)
     fresh = attempt(attempt=2, worker_id="w2", started_at=T0 + 1.0, ended_at=T0 + 2.0)
@@ -177,7 +177,7 @@ def test_crashed_delivery_ends_when_its_lease_was_taken_over_so_no_overlap() -> 
 
 
 def test_running_attempt_ends_now_and_two_jobs_of_one_operation_are_named() -> None:
-    """R8.2: a still-running attempt counts up to the store clock; two jobs with one operation
+    """G10.2: a still-running attempt counts up to the store clock; two jobs with one operation
     key that ran together are reported with that as a cause."""
     running = attempt(job_id=1, ended_at=None, duration_s=None, outcome=Outcome.RUNNING)
     other = attempt(job_id=2, worker_id="w2", started_at=T0 + 5, ended_at=T0 + 6, duration_s=1)
@@ -191,7 +191,7 @@ def test_running_attempt_ends_now_and_two_jobs_of_one_operation_are_named() -> N
 
 
 def test_deliveries_that_never_ran_the_handler_cannot_overlap() -> None:
-    """R8.2: ``deferred`` and ``already_processed`` attempts ended before the handler."""
+    """G10.2: ``deferred`` and ``already_processed`` attempts ended before the handler."""
     first = attempt(started_at=T0, ended_at=T0 + 10, duration_s=10)
     deferred = attempt(worker_id="w2", started_at=T0 + 1, outcome=Outcome.DEFERRED)
     acked = attempt(worker_id="w3", started_at=T0 + 2, outcome=Outcome.ALREADY_PROCESSED)
@@ -201,7 +201,7 @@ def test_deliveries_that_never_ran_the_handler_cannot_overlap() -> None:
 
 
 def test_attempts_of_different_operations_do_not_overlap_but_one_job_without_a_key_does() -> None:
-    """R8.2: overlaps are per operation key; a job without one is grouped by its own id."""
+    """G10.2: overlaps are per operation key; a job without one is grouped by its own id."""
     a = attempt(operation_key="op:1", started_at=T0, ended_at=T0 + 5, duration_s=5)
     b = attempt(operation_key="op:2", job_id=2, started_at=T0 + 1, ended_at=T0 + 2)
     c = attempt(operation_key=None, job_id=7, started_at=T0, ended_at=T0 + 5, duration_s=5)
@@ -216,7 +216,7 @@ def test_attempts_of_different_operations_do_not_overlap_but_one_job_without_a_k
 
 
 def test_closed_attempt_without_an_end_proves_no_overlap() -> None:
-    """R8.2: a closed row with neither ``ended_at`` nor a duration has no known run; a
+    """G10.2: a closed row with neither ``ended_at`` nor a duration has no known run; a
     zero-length run that starts inside another is not counted as an overlap."""
     long_run = attempt(started_at=T0, ended_at=T0 + 10, duration_s=10)
     unknown = attempt(
@@ -229,7 +229,7 @@ def test_closed_attempt_without_an_end_proves_no_overlap() -> None:
 
 
 def test_every_intersecting_pair_is_reported_earliest_first() -> None:
-    """R8.2: a long run overlapping two later ones gives two pairs; runs that merely follow
+    """G10.2: a long run overlapping two later ones gives two pairs; runs that merely follow
     each other, or start after the long one ended, give none."""
     long_run = attempt(started_at=T0, ended_at=T0 + 10, duration_s=10)
     b = attempt(worker_id="w2", started_at=T0 + 1, ended_at=T0 + 2, duration_s=1)
@@ -260,7 +260,7 @@ def _run(attempt_id: int, started_at: float, ended_at: float, fence: int | None)
 
 
 def test_lock_ttl_shorter_than_the_job_is_the_cause_when_the_lease_was_long_enough() -> None:
-    """R8.2 causes: a lease longer than the run and a lock TTL shorter than it point at the lock,
+    """G10.2 causes: a lease longer than the run and a lock TTL shorter than it point at the lock,
     with both fences named."""
     first, second = _run(1, T0, T0 + 5, fence=1), _run(2, T0 + 2, T0 + 3, fence=2)
     locked = job(visibility_timeout_s=60.0, resource_key="order:1", lock_ttl_s=2.0)
@@ -270,7 +270,7 @@ def test_lock_ttl_shorter_than_the_job_is_the_cause_when_the_lease_was_long_enou
 
 
 def test_overlap_within_lease_and_lock_is_unexplained_and_a_missing_job_unknown() -> None:
-    """R8.2 causes: nothing in the job explains it (say so); no job row, no judgement."""
+    """G10.2 causes: nothing in the job explains it (say so); no job row, no judgement."""
     first, second = _run(1, T0, T0 + 5, fence=1), _run(2, T0 + 2, T0 + 3, fence=2)
     locked = job(visibility_timeout_s=60.0, resource_key="order:1", lock_ttl_s=60.0)
     [cause] = likely_causes(first, second, locked)
@@ -279,11 +279,11 @@ def test_overlap_within_lease_and_lock_is_unexplained_and_a_missing_job_unknown(
     assert cause.startswith("unknown: the job row is gone")
 
 
-# -- R8.3 durations -----------------------------------------------------------------------------
+# -- G10.3 durations -----------------------------------------------------------------------------
 
 
 def test_percentile_is_nearest_rank() -> None:
-    """R8.3: p50/p95/p99/max of 1..100 are 50, 95, 99 and 100; one value is every percentile;
+    """G10.3: p50/p95/p99/max of 1..100 are 50, 95, 99 and 100; one value is every percentile;
     no value is an error."""
     values = [float(n) for n in range(1, 101)]
     assert [percentile(values, p) for p in (50, 95, 99, 100)] == [50.0, 95.0, 99.0, 100.0]
@@ -293,7 +293,7 @@ def test_percentile_is_nearest_rank() -> None:
 
 
 def test_no_measured_runs_means_no_duration_report() -> None:
-    """R8.3, "no data": no attempts, or only ones without a measured handler run."""
+    """G10.3, "no data": no attempts, or only ones without a measured handler run."""
     assert task_durations([], {}) == []
     unmeasured = [
         attempt(outcome=Outcome.RUNNING, ended_at=None, duration_s=None),
@@ -306,7 +306,7 @@ def test_no_measured_runs_means_no_duration_report() -> None:
 
 
 def test_durations_count_every_run_of_the_handler_including_refused_stale_ones() -> None:
-    """R8.3: completed, retried, buried and refused deliveries all ran the handler; the task's
+    """G10.3: completed, retried, buried and refused deliveries all ran the handler; the task's
     timeouts are the shortest among its jobs."""
     attempts = [
         attempt(job_id=1, duration_s=1.0),
@@ -358,7 +358,7 @@ def stats(**fields: Any) -> TaskDurations:
 
 
 def test_timeout_below_the_longest_run_is_a_problem_with_a_recommended_value() -> None:
-    """R8.3, R10: a visibility timeout under the max duration is a problem once a delivery was
+    """G10.3, : a visibility timeout under the max duration is a problem once a delivery was
     refused for a stale lease; the advice names a value above both twice p99 and the max,
     says how many renewals may be missed, and suggests a queue of its own."""
     [advice] = advise(stats(visibility_timeout_s=4.5, runs=5, lease_refused=1))
@@ -382,7 +382,7 @@ def test_timeout_below_the_longest_run_kept_alive_by_the_heartbeat_is_only_a_hin
 
 
 def test_timeout_near_p99_is_a_warning_and_a_comfortable_one_says_nothing() -> None:
-    """R8.3: above the max but under HEADROOM x p99 warns; at or above it, no advice."""
+    """G10.3: above the max but under HEADROOM x p99 warns; at or above it, no advice."""
     [advice] = advise(stats(visibility_timeout_s=6.0, runs=5, lease_refused=2))
     assert advice.severity == Severity.WARNING
     assert advice.recommended_s == 9.0
@@ -405,7 +405,7 @@ def test_lock_ttl_is_judged_like_the_visibility_timeout() -> None:
 
 
 def test_long_tail_hint_needs_a_timeout_finding_and_enough_runs() -> None:
-    """R8.3 / R2.3: "move slow jobs to their own queue" follows a timeout finding on a task whose
+    """G10.3 / G2.3: "move slow jobs to their own queue" follows a timeout finding on a task whose
     slowest runs take many times its median, once there are enough runs to tell."""
     problem, hint = advise(stats(visibility_timeout_s=4.5, runs=10, lease_refused=1))
     assert problem.severity == Severity.PROBLEM
@@ -419,7 +419,7 @@ def test_long_tail_hint_needs_a_timeout_finding_and_enough_runs() -> None:
 
 
 def test_recommended_timeout_is_a_whole_second_above_both_bounds() -> None:
-    """R8.3: twice p99 when that dominates, else just above the longest run."""
+    """G10.3: twice p99 when that dominates, else just above the longest run."""
     assert recommended_s(p99_s=2.0, max_s=3.0) == 5.0
     assert recommended_s(p99_s=1.0, max_s=7.5) == 8.0
     assert recommended_s(p99_s=0.001, max_s=0.002) == 1.0
@@ -430,17 +430,17 @@ def test_recommended_timeout_is_a_whole_second_above_both_bounds() -> None:
     )
 
 
-# -- R8.4 retries and repeating errors ----------------------------------------------------------
+# -- G10.4 retries and repeating errors ----------------------------------------------------------
 
 
 def test_no_runs_means_no_retry_report() -> None:
-    """R8.4, "no data": nothing ran the handler to a verdict."""
+    """G10.4, "no data": nothing ran the handler to a verdict."""
     assert retry_rates([]) == []
     assert retry_rates([attempt(outcome=Outcome.LOST), attempt(outcome=Outcome.DEFERRED)]) == []
 
 
 def test_retry_rate_counts_retries_over_runs_per_task() -> None:
-    """R8.4: only completed, retry and dead are runs; the rate is retries over runs."""
+    """G10.4: only completed, retry and dead are runs; the rate is retries over runs."""
     outcomes = [Outcome.RETRY] * 3 + [Outcome.DEAD] + [Outcome.COMPLETED] * 6
     attempts = [attempt(started_at=T0 + n, outcome=outcome) for n, outcome in enumerate(outcomes)]
     attempts += [attempt(outcome=Outcome.LEASE_REFUSED), attempt(task="other")]
@@ -460,7 +460,7 @@ def test_retry_rate_counts_retries_over_runs_per_task() -> None:
 
 
 def test_spike_is_judged_on_the_most_recent_runs_with_enough_of_them() -> None:
-    """R8.4: many retries long ago are no spike now; a burst of retries among few runs is not
+    """G10.4: many retries long ago are no spike now; a burst of retries among few runs is not
     judged; recent retries among enough runs are."""
     old_trouble = [
         attempt(started_at=T0 + n, outcome=Outcome.RETRY if n < 10 else Outcome.COMPLETED)
@@ -482,7 +482,7 @@ def test_spike_is_judged_on_the_most_recent_runs_with_enough_of_them() -> None:
 
 
 def test_signature_follows_the_stack_not_the_message() -> None:
-    """R8.4 / R7.2: one stack trace is one signature whatever ids its message carries; another
+    """G10.4 / G8.2: one stack trace is one signature whatever ids its message carries; another
     line or class is another signature; the innermost frame is where it struck."""
     first, where = signature_of("TimeoutError", "order 17", traceback_text(40))
     again, _ = signature_of("TimeoutError", "order 18", traceback_text(40))
@@ -494,7 +494,7 @@ def test_signature_follows_the_stack_not_the_message() -> None:
 
 
 def test_signature_without_a_traceback_uses_the_message_prefix_with_digits_masked() -> None:
-    """R8.4: errors raised before the handler (no traceback) group by class and message
+    """G10.4: errors raised before the handler (no traceback) group by class and message
     prefix, so ``order 17`` and ``order 18`` are one error and ``bad payload`` another."""
     a, where = signature_of("Unrunnable", "order 17 has no handler", None)
     b, _ = signature_of("Unrunnable", "order 18 has no handler", None)
@@ -504,7 +504,7 @@ def test_signature_without_a_traceback_uses_the_message_prefix_with_digits_maske
 
 
 def test_no_failures_means_no_repeating_errors() -> None:
-    """R8.4, "no data": no failed attempt, failures seen only once, or without an error class."""
+    """G10.4, "no data": no failed attempt, failures seen only once, or without an error class."""
     assert repeated_errors([]) == []
     once = attempt(outcome=Outcome.RETRY, error_type="KeyError", traceback=traceback_text(5))
     assert repeated_errors([attempt(), once]) == []
@@ -513,7 +513,7 @@ def test_no_failures_means_no_repeating_errors() -> None:
 
 
 def test_repeating_error_groups_count_attempts_jobs_and_name_poison_candidates() -> None:
-    """R8.4: one stack trace failing job 4 three times is a poison candidate; the same trace on
+    """G10.4: one stack trace failing job 4 three times is a poison candidate; the same trace on
     several jobs once each is a repeating error but not poison; refusals are not errors."""
     poison = [
         attempt(
@@ -561,7 +561,7 @@ def test_repeating_error_groups_count_attempts_jobs_and_name_poison_candidates()
 
 
 def test_repeating_errors_are_per_task_and_only_the_top_ones_are_listed() -> None:
-    """R8.4: one trace in two tasks is two groups; ``top`` keeps the most frequent; example job
+    """G10.4: one trace in two tasks is two groups; ``top`` keeps the most frequent; example job
     ids are the most affected first and at most five."""
     failures = [
         attempt(
@@ -580,11 +580,11 @@ def test_repeating_errors_are_per_task_and_only_the_top_ones_are_listed() -> Non
     assert [g.task for g in repeated_errors(failures)] == ["a", "b"]
 
 
-# -- R8.5 audit ---------------------------------------------------------------------------------
+# -- G10.5 audit ---------------------------------------------------------------------------------
 
 
 def test_audit_of_nothing_is_all_zero() -> None:
-    """R8.5, "no data"."""
+    """G10.5, "no data"."""
     empty = audit([], [], {}, T0)
     assert (empty.completed_jobs_with_key, empty.operations_completed) == (0, 0)
     assert (empty.with_external_ref, empty.without_external_ref) == (0, 0)
@@ -592,7 +592,7 @@ def test_audit_of_nothing_is_all_zero() -> None:
 
 
 def test_audit_counts_external_references_and_lists_examples_only_for_mixed_tasks() -> None:
-    """R8.5: per task, how many completed operations left an external reference; a task where
+    """G10.5: per task, how many completed operations left an external reference; a task where
     some did and some did not names the ones that did not."""
     jobs = [
         job(id=1, task="email", operation_key="email:1"),
@@ -629,7 +629,7 @@ def test_audit_counts_external_references_and_lists_examples_only_for_mixed_task
 
 
 def test_audit_lists_completed_jobs_whose_operation_record_is_missing_or_not_completed() -> None:
-    """R8.5, invariant 3: a completed job with an operation key must have a completed record."""
+    """G10.5, G4.3: a completed job with an operation key must have a completed record."""
     jobs = [
         job(id=1, operation_key="gone"),
         job(id=2, operation_key="half"),
@@ -646,7 +646,7 @@ def test_audit_lists_completed_jobs_whose_operation_record_is_missing_or_not_com
 
 
 def test_audit_lists_operations_stuck_in_processing_that_nothing_will_finish() -> None:
-    """R8.5: ``processing`` with no queued or running job for its key is stuck; a queued or
+    """G10.5: ``processing`` with no queued or running job for its key is stuck; a queued or
     running job (of any task, outside the window too) will finish it; a claim newer than the
     snapshot is not judged; failed records are not stuck."""
     processing = {"status": OperationStatus.PROCESSING, "completed_at": None}
@@ -692,7 +692,7 @@ def test_scope_keeps_the_task_and_what_was_active_in_the_window() -> None:
 
 
 def test_diagnosis_of_an_empty_store_finds_nothing() -> None:
-    """R8.2-R8.5, "no data": every section empty, no problem, no warning."""
+    """G10.2-G10.5, "no data": every section empty, no problem, no warning."""
     found = diagnose(Snapshot(now=T0, attempts=()))
     assert isinstance(found, Diagnosis)
     assert found.attempts == 0

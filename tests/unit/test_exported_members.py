@@ -37,7 +37,7 @@ def test_all_lists_every_public_class_and_function_of_the_top_level() -> None:
 
 
 def test_the_issue_contract_names_are_exported() -> None:
-    """Issue 2 'Public API': users' code is written against these names."""
+    """The public API: users' code is written against these names."""
     for name in ("App", "Context", "Retry", "Fatal", "JobStatus"):
         assert name in jobguard.__all__
 

@@ -1,4 +1,4 @@
-"""The heartbeat beats often enough for the shortest lease or lock in flight (R2.2, R3.3)."""
+"""The heartbeat beats often enough for the shortest lease or lock in flight (G2.2, G3.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests of key templates and idempotency keys in ``jobguard.core.keys`` (R4.1, R4.5)."""
+"""Unit tests of key templates and idempotency keys in ``jobguard.core.keys`` (G4.1, G4.4)."""
 
 from __future__ import annotations
 
@@ -20,20 +20,20 @@ from jobguard.exceptions import EnqueueError, KeyTemplateError
 
 
 def test_a_template_renders_from_the_job_arguments() -> None:
-    """R4.1: ``fulfill-order:{order_id}`` names the business action, not the attempt."""
+    """G4.1: ``fulfill-order:{order_id}`` names the business action, not the attempt."""
     assert render_key("fulfill-order:{order_id}", {"order_id": 42}) == "fulfill-order:42"
     assert render_key("{tenant}/{sku}", {"tenant": "acme", "sku": "A-1", "qty": 3}) == "acme/A-1"
     assert render_key("fixed-key", {}) == "fixed-key"
 
 
 def test_template_fields_lists_the_argument_names_in_order() -> None:
-    """R4.1: the task checks these names against its handler at registration."""
+    """G4.1: the task checks these names against its handler at registration."""
     assert template_fields("{a}:{b}:{a}") == ["a", "b", "a"]
     assert template_fields("{{literal}}") == []
 
 
 def test_a_template_naming_a_missing_argument_is_an_error() -> None:
-    """R4.1, issue 3: a key that names a missing argument fails at enqueue, not at run time."""
+    """G4.1: a key that names a missing argument fails at enqueue, not at run time."""
     with pytest.raises(KeyTemplateError, match="order_id"):
         render_key("fulfill-order:{order_id}", {"orderid": 42})
 
@@ -49,13 +49,13 @@ def test_a_template_naming_a_missing_argument_is_an_error() -> None:
     ],
 )
 def test_a_key_built_from_an_unstable_value_is_an_error(value: Any, kind: str) -> None:
-    """R4.1: timestamps, None and unordered JSON never become part of an operation key."""
+    """G4.1: timestamps, None and unordered JSON never become part of an operation key."""
     with pytest.raises(KeyTemplateError, match=kind):
         render_key("op:{x}", {"x": value})
 
 
 def test_booleans_render_as_stable_lowercase_words() -> None:
-    """R4.1: ``True`` and ``1`` must not collide, and the text is the same on every platform."""
+    """G4.1: ``True`` and ``1`` must not collide, and the text is the same on every platform."""
     assert render_key("op:{flag}", {"flag": True}) == "op:true"
     assert render_key("op:{flag}", {"flag": False}) == "op:false"
     assert render_key("op:{flag}", {"flag": 1}) == "op:1"
@@ -75,20 +75,20 @@ def test_booleans_render_as_stable_lowercase_words() -> None:
     ],
 )
 def test_templates_that_are_not_plain_field_names_are_refused(template: str) -> None:
-    """R4.1: only ``{name}`` fields; anything that could render differently is refused."""
+    """G4.1: only ``{name}`` fields; anything that could render differently is refused."""
     with pytest.raises(KeyTemplateError):
         render_key(template, {"x": 5})
 
 
 @pytest.mark.parametrize("key", ["", "   ", "x" * (MAX_KEY_LENGTH + 1)])
 def test_empty_or_overlong_keys_are_refused(key: str) -> None:
-    """R4.1: a key must identify something and fit the stores' indexes."""
+    """G4.1: a key must identify something and fit the stores' indexes."""
     with pytest.raises(KeyTemplateError):
         check_key(key, "operation_key")
 
 
 def test_a_template_that_renders_empty_is_refused() -> None:
-    """R4.1: ``{x}`` with ``x=""`` would make every such job share one empty key."""
+    """G4.1: ``{x}`` with ``x=""`` would make every such job share one empty key."""
     with pytest.raises(KeyTemplateError):
         render_key("{x}", {"x": ""})
 
@@ -99,7 +99,7 @@ def test_key_template_errors_are_enqueue_errors() -> None:
 
 
 def test_idempotency_key_is_stable_and_distinct_per_operation_and_name() -> None:
-    """R4.5: the same operation and name always give the same external key; others differ."""
+    """G4.4: the same operation and name always give the same external key; others differ."""
     key = idempotency_key("fulfill-order:42", "email")
     assert key == idempotency_key("fulfill-order:42", "email")
     assert key != idempotency_key("fulfill-order:42", "sms")
@@ -120,7 +120,7 @@ NAMES = st.text(
 def test_idempotency_keys_are_short_ascii_and_distinct_for_distinct_pairs(
     first: tuple[str, str], second: tuple[str, str]
 ) -> None:
-    """R4.5: always API-safe text; ``("a:b", "c")`` and ``("a", "b:c")`` never share a key."""
+    """G4.4: always API-safe text; ``("a:b", "c")`` and ``("a", "b:c")`` never share a key."""
     key = idempotency_key(*first)
     assert re.fullmatch(r"jg-[0-9a-f]{32}", key)
     assert (key == idempotency_key(*second)) == (first == second)

@@ -1,4 +1,4 @@
-"""Unit tests of the job state machine in ``jobguard.core.states`` (R1, R7)."""
+"""Unit tests of the job state machine in ``jobguard.core.states`` (G1, G8)."""
 
 from __future__ import annotations
 
@@ -26,19 +26,19 @@ Q, R, C, D = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.COMPLETED, JobStatus
 def test_each_allowed_transition_leads_where_the_table_says(
     current: JobStatus, event: Event, after: JobStatus
 ) -> None:
-    """R1, R2, R7: the lifecycle of a job, one row per allowed move."""
+    """G1, G2, G8: the lifecycle of a job, one row per allowed move."""
     assert next_status(current, event) == after
 
 
 def test_the_table_has_exactly_the_documented_transitions() -> None:
-    """R1.2: nothing else is allowed (a new edge must be added here on purpose)."""
+    """G1.2: nothing else is allowed (a new edge must be added here on purpose)."""
     assert len(TRANSITIONS) == 8
 
 
 @pytest.mark.parametrize(
     ("current", "event"),
     [
-        (Q, Event.FINISH),  # acked without a delivery: the early-ack anti-pattern (R1.2)
+        (Q, Event.FINISH),  # acked without a delivery: the early-ack anti-pattern (G1.2)
         (Q, Event.RETRY),
         (Q, Event.RELEASE),
         (C, Event.FETCH),  # a completed job is never delivered again
@@ -51,13 +51,13 @@ def test_the_table_has_exactly_the_documented_transitions() -> None:
     ],
 )
 def test_a_transition_that_is_not_in_the_table_is_refused(current: JobStatus, event: Event) -> None:
-    """R1.2, R7.3: illegal moves raise instead of silently changing state."""
+    """G1.2, G8.3: illegal moves raise instead of silently changing state."""
     with pytest.raises(InvalidTransition, match=event.value):
         next_status(current, event)
 
 
 def test_completed_has_no_way_out_and_dead_only_by_replay() -> None:
-    """R7.3: completed is final; dead leaves only through a deliberate replay."""
+    """G8.3: completed is final; dead leaves only through a deliberate replay."""
     assert [e for (s, e) in TRANSITIONS if s == C] == []
     assert [e for (s, e) in TRANSITIONS if s == D] == [Event.REPLAY]
     assert is_final(C)

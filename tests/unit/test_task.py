@@ -1,4 +1,4 @@
-"""Unit tests of task registration and enqueue validation in ``jobguard.task`` (R4.1, R5, R6).
+"""Unit tests of task registration and enqueue validation in ``jobguard.task`` (G4.1, G6, G7).
 
 Everything here is decided before the store is touched: ``build_spec`` does no I/O, so these
 tests build specs directly and, where a test enqueues, check that a refusal stored nothing.
@@ -40,7 +40,7 @@ def register(app: App, **options: Any) -> Task:
 
 @pytest.mark.parametrize("queue", ["default", "mail", "Slow_2", "a-b", "q" * 64])
 def test_plain_identifiers_are_valid_queue_names(queue: str) -> None:
-    """Issue 2 acceptance 9: letters, digits, ``_`` and ``-``, starting with a letter."""
+    """: letters, digits, ``_`` and ``-``, starting with a letter."""
     assert check_queue_name(queue) == queue
 
 
@@ -50,7 +50,7 @@ def test_plain_identifiers_are_valid_queue_names(queue: str) -> None:
 def test_queue_names_that_are_not_plain_identifiers_are_refused_everywhere(
     offline_app: App, queue: str
 ) -> None:
-    """Issue 2 acceptance 9: at registration, per call, and in per-queue settings."""
+    """: at registration, per call, and in per-queue settings."""
     with pytest.raises(ConfigurationError, match="plain identifier"):
         check_queue_name(queue)
     with pytest.raises(ConfigurationError):
@@ -69,21 +69,21 @@ def test_queue_names_that_are_not_plain_identifiers_are_refused_everywhere(
     "value", [object(), {1, 2}, b"bytes", math.nan, math.inf, Path("x"), 1 + 2j]
 )
 def test_arguments_that_are_not_plain_json_are_refused(offline_app: App, value: object) -> None:
-    """Issue 2 acceptance 9: non-JSON (and NaN/Infinity, which JSON lacks) never reach the store."""
+    """: non-JSON (and NaN/Infinity, which JSON lacks) never reach the store."""
     task = register(offline_app)
     with pytest.raises(PayloadError, match="JSON"):
         task.build_spec({"order_id": 1, "note": value}, CallOptions())
 
 
 def test_payload_is_canonical_json_so_equal_arguments_give_equal_payloads() -> None:
-    """R4.1: key order does not change the payload (stable across producers)."""
+    """G4.1: key order does not change the payload (stable across producers)."""
     assert encode_payload({"b": 1, "a": [1, {"d": 2, "c": 3}]}, MIB) == encode_payload(
         {"a": [1, {"c": 3, "d": 2}], "b": 1}, MIB
     )
 
 
 def test_the_default_payload_limit_is_one_mib_inclusive(offline_app: App) -> None:
-    """Issue 2 acceptance 9: exactly 1 MiB is accepted, one byte more is refused."""
+    """: exactly 1 MiB is accepted, one byte more is refused."""
     assert offline_app.max_payload_bytes == MIB
     task = register(offline_app)
     overhead = len(json.dumps({"note": "", "order_id": 1}, separators=(",", ":")))
@@ -95,7 +95,7 @@ def test_the_default_payload_limit_is_one_mib_inclusive(offline_app: App) -> Non
 
 
 def test_the_payload_limit_counts_utf8_bytes_not_characters(tmp_path: Path) -> None:
-    """Issue 2 acceptance 9: a limit in bytes means multi-byte text fills it sooner."""
+    """: a limit in bytes means multi-byte text fills it sooner."""
     app = App(f"sqlite:///{tmp_path / 'x.db'}", max_payload_bytes=64)
     task = register(app)
     task.build_spec({"order_id": 1, "note": "a" * 30}, CallOptions())
@@ -106,7 +106,7 @@ def test_the_payload_limit_counts_utf8_bytes_not_characters(tmp_path: Path) -> N
 
 
 def test_arguments_that_do_not_fit_the_handler_are_refused(offline_app: App) -> None:
-    """Issue 2 acceptance 9: a missing or unknown argument fails at enqueue, not in a worker."""
+    """: a missing or unknown argument fails at enqueue, not in a worker."""
     task = register(offline_app)
     with pytest.raises(PayloadError, match="do not match"):
         task.build_spec({}, CallOptions())
@@ -115,7 +115,7 @@ def test_arguments_that_do_not_fit_the_handler_are_refused(offline_app: App) -> 
 
 
 def test_a_refused_enqueue_stores_nothing(app: App) -> None:
-    """Issue 2 acceptance 9: validation happens before the store is written."""
+    """: validation happens before the store is written."""
     task = register(app, operation_key="charge:{order_id}")
     with pytest.raises(PayloadError):
         task.enqueue(order_id=1, note=object())
@@ -124,13 +124,13 @@ def test_a_refused_enqueue_stores_nothing(app: App) -> None:
     assert sum(app.counts().values()) == 0
 
 
-# -- key templates (R4.1) -----------------------------------------------------------------------
+# -- key templates (G4.1) -----------------------------------------------------------------------
 
 
 def test_a_key_template_naming_an_argument_the_handler_lacks_fails_at_registration(
     offline_app: App,
 ) -> None:
-    """Issue 3: ``operation_key="order:{orderid}"`` is a typo caught when the task is defined."""
+    """``operation_key="order:{orderid}"`` is a typo caught when the task is defined."""
     with pytest.raises(ConfigurationError, match="orderid"):
         register(offline_app, operation_key="charge:{orderid}")
     with pytest.raises(ConfigurationError, match="orderid"):
@@ -138,13 +138,13 @@ def test_a_key_template_naming_an_argument_the_handler_lacks_fails_at_registrati
 
 
 def test_a_key_template_with_a_format_spec_fails_at_registration(offline_app: App) -> None:
-    """R4.1: ``{order_id:05d}`` would tie the key to formatting; refused up front."""
+    """G4.1: ``{order_id:05d}`` would tie the key to formatting; refused up front."""
     with pytest.raises(KeyTemplateError):
         register(offline_app, operation_key="charge:{order_id:05d}")
 
 
 def test_unstable_key_parts_are_refused_at_enqueue_not_at_run_time(tmp_path: Path) -> None:
-    """Issue 3: a float, None, list or dict argument in a key is an enqueue error."""
+    """A float, None, list or dict argument in a key is an enqueue error."""
     app = App(f"sqlite:///{tmp_path / 'x.db'}")
 
     @app.task(name="tests.ship", operation_key="ship:{ref}", resource_key="box:{ref}")
@@ -160,7 +160,7 @@ def test_unstable_key_parts_are_refused_at_enqueue_not_at_run_time(tmp_path: Pat
 def test_a_template_over_kwargs_needing_a_missing_argument_fails_at_enqueue(
     offline_app: App,
 ) -> None:
-    """R4.1: with ``**kwargs`` the check moves to enqueue, still before anything is stored."""
+    """G4.1: with ``**kwargs`` the check moves to enqueue, still before anything is stored."""
 
     @offline_app.task(name="tests.any", operation_key="any:{order_id}")
     def anything(ctx: Context, **kwargs: Any) -> None: ...
@@ -171,7 +171,7 @@ def test_a_template_over_kwargs_needing_a_missing_argument_fails_at_enqueue(
 
 
 def test_per_call_keys_replace_the_templates(offline_app: App) -> None:
-    """R4.1, R5.1: ``.options(operation_key=..., dedup_key=...)`` wins over the templates."""
+    """G4.1, G6.1: ``.options(operation_key=..., dedup_key=...)`` wins over the templates."""
     task = register(offline_app, operation_key="charge:{order_id}", resource_key="o:{order_id}")
     spec = task.build_spec(
         {"order_id": 1},
@@ -181,11 +181,11 @@ def test_per_call_keys_replace_the_templates(offline_app: App) -> None:
     assert spec.lock_ttl_s == task.lock_ttl_s
 
 
-# -- options never clash with task arguments (issue 2, "Task API") ------------------------------
+# -- options never clash with task arguments (the task API) ------------------------------
 
 
 def test_options_never_clash_with_task_arguments_of_the_same_names(app: App) -> None:
-    """Issue 2: a task may take ``queue``, ``priority``, ``delay_s``, ``dedup_key`` or even
+    """A task may take ``queue``, ``priority``, ``delay_s``, ``dedup_key`` or even
     ``self`` as arguments; they go to the payload, and per-call options stay separate."""
 
     @app.task(name="tests.clash", queue="default")
@@ -222,7 +222,7 @@ def test_options_never_clash_with_task_arguments_of_the_same_names(app: App) -> 
 
 
 def test_per_call_priority_queue_and_delay_are_applied(offline_app: App) -> None:
-    """Issue 2: ``.options(delay_s=, priority=, queue=, dedup_window_s=)`` reach the spec."""
+    """``.options(delay_s=, priority=, queue=, dedup_window_s=)`` reach the spec."""
     task = register(offline_app, priority=1, dedup_window_s=30.0)
     spec = task.build_spec(
         {"order_id": 1}, CallOptions(delay_s=5.0, priority=7, queue="slow", dedup_window_s=60.0)
@@ -234,7 +234,7 @@ def test_per_call_priority_queue_and_delay_are_applied(offline_app: App) -> None
 
 @pytest.mark.parametrize("options", [{"delay_s": -1.0}, {"dedup_window_s": -1.0}])
 def test_negative_delays_and_windows_are_refused(options: dict[str, float]) -> None:
-    """R5.2: a negative time is a bug in the caller, reported where the option is given."""
+    """G6.2: a negative time is a bug in the caller, reported where the option is given."""
     with pytest.raises(ConfigurationError, match=next(iter(options))):
         CallOptions(**options)
 
@@ -264,7 +264,7 @@ def test_a_task_name_registered_twice_is_refused(offline_app: App) -> None:
 def test_task_options_that_cannot_work_are_configuration_errors(
     offline_app: App, options: dict[str, Any]
 ) -> None:
-    """R2, R3, R6: a zero lease, negative TTL or no attempts is refused when the task is defined."""
+    """G2, G3, G7: a zero lease, negative TTL or no attempts is refused when the task is defined."""
     with pytest.raises(ConfigurationError):
         register(offline_app, **options)
 
@@ -276,7 +276,7 @@ def test_a_handler_without_a_context_parameter_is_refused(offline_app: App) -> N
 
 
 def test_the_task_visibility_timeout_falls_back_to_the_queue_setting(tmp_path: Path) -> None:
-    """R2.3: a task without its own timeout takes its queue's, else the 30 s default."""
+    """G2.3: a task without its own timeout takes its queue's, else the 30 s default."""
     app = App(f"sqlite:///{tmp_path / 'x.db'}", queue_visibility_timeouts_s={"slow": 300.0})
     task = register(app, queue="slow")
     assert task.build_spec({"order_id": 1}, CallOptions()).visibility_timeout_s == 300.0

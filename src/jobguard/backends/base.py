@@ -121,7 +121,7 @@ class Begun:
 
 
 class QueuePort(Protocol):
-    """Jobs, leases and the dead letter queue (R1, R2, R5, R7)."""
+    """Jobs, leases and the dead letter queue (G1, G2, G6, G8)."""
 
     def enqueue(self, spec: JobSpec, *, connection: Any = None) -> Job:
         """:meth:`enqueue_many` for one job."""
@@ -249,7 +249,7 @@ class QueuePort(Protocol):
 
 
 class LockPort(Protocol):
-    """Resource locks with owner tokens and fencing tokens (R3)."""
+    """Resource locks with owner tokens and fencing tokens (G3)."""
 
     def acquire_lock(
         self, resource: str, owner: str, ttl_s: float, *, attempt_id: int | None = None
@@ -270,7 +270,7 @@ class LockPort(Protocol):
 
 
 class OperationPort(Protocol):
-    """Durable operation records and memoised steps (R4)."""
+    """Durable operation records and memoised steps (G4)."""
 
     def begin(self, guard: Guard, request: BeginRequest) -> Begun:
         """Acquire the resource lock and claim the operation record together.
@@ -307,7 +307,7 @@ class OperationPort(Protocol):
 
 
 class AttemptPort(Protocol):
-    """The attempt log; diagnostics read only this (R8)."""
+    """The attempt log; diagnostics read only this (G10)."""
 
     def attempts(
         self,

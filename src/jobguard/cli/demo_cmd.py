@@ -1,4 +1,4 @@
-"""``jobguard demo``: the article's order fulfilment under fire, then the proof (R9).
+"""``jobguard demo``: the article's order fulfilment under fire, then the proof.
 
 Exit codes: 0 when every invariant holds (no double invoice, stock cut or email, nothing lost,
 poison orders in the DLQ); 1 when one does not. ``--unsafe`` switches the protections off on

@@ -1,4 +1,4 @@
-"""``jobguard dlq list|show|replay|purge``: the dead letter queue (R7.1, R7.3)."""
+"""``jobguard dlq list|show|replay|purge``: the dead letter queue (G8.1, G8.3)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from jobguard.models import JobStatus
 
 @click.group()
 def dlq() -> None:
-    """Inspect, replay and purge the dead letter queue (R7)."""
+    """Inspect, replay and purge the dead letter queue (G8)."""
 
 
 @dlq.command(name="list")
@@ -92,7 +92,7 @@ def _payload_text(payload: Any) -> str:
 @click.argument("job_id", type=JOB_ID, metavar="ID")
 @click.pass_obj
 def replay(state: CliState, job_id: int) -> None:
-    """Queue dead job ID again: same id, arguments and keys, attempts reset (R7.3).
+    """Queue dead job ID again: same id, arguments and keys, attempts reset (G8.3).
 
     Its operation key is kept, so work that already completed is not redone.
     """

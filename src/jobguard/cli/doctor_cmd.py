@@ -1,5 +1,5 @@
 """``jobguard doctor``: overlaps, resources, durations against timeouts, failures, crash loops,
-unstable keys and an audit (R8.2-R8.5), ending with the findings.
+unstable keys and an audit (G10.2-G10.5), ending with the findings.
 
 Exit code 1 when a finding is a problem, 0 otherwise; warnings and hints are printed but do not
 change the exit code.
@@ -47,7 +47,7 @@ def _run_line(label: str, run: Run) -> Text:
 
 
 def _print_overlaps(out: Console, overlaps: Sequence[Overlap]) -> None:
-    _heading(out, "Overlaps (R8.2)")
+    _heading(out, "Overlaps (G10.2)")
     if not overlaps:
         out.print("  none: no operation ran on two deliveries at the same time")
         return
@@ -65,7 +65,7 @@ def _print_overlaps(out: Console, overlaps: Sequence[Overlap]) -> None:
 
 
 def _print_durations(out: Console, durations: Sequence[TaskDurations]) -> None:
-    _heading(out, "Durations vs timeouts (R8.3)")
+    _heading(out, "Durations vs timeouts (G10.3)")
     if not durations:
         out.print("  no measured runs")
         return
@@ -100,7 +100,7 @@ def _print_durations(out: Console, durations: Sequence[TaskDurations]) -> None:
 
 
 def _print_retries(out: Console, diagnosis: Diagnosis) -> None:
-    _heading(out, "Retries and repeating errors (R8.4)")
+    _heading(out, "Retries and repeating errors (G10.4)")
     if not diagnosis.retries:
         out.print("  no handler runs")
     else:
@@ -202,7 +202,7 @@ def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
 
 
 def _print_audit(out: Console, audit: Audit, crashed: Collection[str]) -> None:
-    _heading(out, "Audit (R8.5)")
+    _heading(out, "Audit (G10.5)")
     out.print(
         f"  {audit.completed_jobs_with_key} completed jobs with an operation key; "
         f"{audit.operations_completed} operations completed: {audit.with_external_ref} with an "

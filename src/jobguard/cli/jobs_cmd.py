@@ -133,7 +133,7 @@ def jobs_table(title: str, jobs: Sequence[Job]) -> Table:
 
 
 def attempts_table(title: str, attempts: Sequence[Attempt]) -> Table:
-    """The attempt log (R8.1) as a table, one row per delivery."""
+    """The attempt log (G10.1) as a table, one row per delivery."""
     return table(
         title,
         [
@@ -197,7 +197,7 @@ def parse_kwargs(ctx: click.Context, param: click.Parameter, value: str) -> dict
     metavar="JSON",
     help="The task's arguments as a JSON object.",
 )
-@click.option("--dedup-key", default=None, help="Producer-side deduplication key (R5).")
+@click.option("--dedup-key", default=None, help="Producer-side deduplication key (G6).")
 @click.option(
     "--dedup-window-s",
     default=None,
@@ -301,7 +301,7 @@ def jobs(state: CliState, status: str | None, limit: int, as_json: bool) -> None
 @click.option("--json", "as_json", is_flag=True, help="Print the attempts as a JSON list.")
 @click.pass_obj
 def attempts(state: CliState, job_id: int | None, operation_key: str | None, as_json: bool) -> None:
-    """Show the attempt log (R8.1) of one job (--job) or one operation (--operation)."""
+    """Show the attempt log (G10.1) of one job (--job) or one operation (--operation)."""
     if (job_id is None) == (operation_key is None):
         raise click.UsageError("give exactly one of --job ID or --operation KEY")
     app = state.inspecting_app()

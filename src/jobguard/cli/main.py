@@ -56,10 +56,10 @@ COMMANDS = {
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
 SHORT_HELP = {
-    "attempts": "Show the attempt log of a job or an operation (R8.1).",
+    "attempts": "Show the attempt log of a job or an operation (G10.1).",
     "demo": "Run the order-fulfillment demo under injected faults.",
-    "dlq": "Inspect, replay and purge the dead letter queue (R7).",
-    "doctor": "Find overlaps, tight timeouts, retry spikes and missing traces (R8.2-R8.5).",
+    "dlq": "Inspect, replay and purge the dead letter queue (G8).",
+    "doctor": "Find overlaps, tight timeouts, retry spikes and missing traces (G10.2-G10.5).",
     "dashboard": "Serve the web dashboard (overview, jobs, DLQ, doctor).",
     "enqueue": "Enqueue a job of a registered task.",
     "exporter": "Serve the store's queue gauges to Prometheus.",

@@ -20,7 +20,7 @@ def prune(state: CliState, older_than_s: float) -> None:
     """Delete old completed jobs and their attempt rows; keep operation records and steps.
 
     Jobs whose dedup window is still open are kept, and the operation records stay, so a late
-    duplicate is still acked as already processed (R4.3, R5).
+    duplicate is still acked as already processed (G4.3, G6).
     """
     pruned = state.inspecting_app().prune(older_than_s)
     click.echo(f"pruned {pruned} completed job{'s' if pruned != 1 else ''}")

@@ -1,4 +1,4 @@
-"""The resource lock as a pure state machine: ownership, expiry and fencing tokens (R3).
+"""The resource lock as a pure state machine: ownership, expiry and fencing tokens (G3).
 
 Each store implements these rules atomically (one SQL transaction, one Lua script); this module is
 the reference the property tests compare every store against.

@@ -1,4 +1,4 @@
-"""Operation, resource, dedup and idempotency keys (R4.1, R4.5, R5).
+"""Operation, resource, dedup and idempotency keys (G4.1, G4.4, G6).
 
 A key template is a ``str.format`` string over the task's arguments. Only plain field names are
 allowed (no ``{x.attr}``, ``{x[0]}``, conversions or format specs) and only values whose text is
@@ -80,7 +80,7 @@ def check_key(key: str, what: str) -> str:
 
 
 def idempotency_key(operation_key: str, name: str) -> str:
-    """A key for an external API, stable across attempts and replays of one operation (R4.5).
+    """A key for an external API, stable across attempts and replays of one operation (G4.4).
 
     Hashed so it fits the length and alphabet limits common to payment and mail APIs.
     """

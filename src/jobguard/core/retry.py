@@ -123,7 +123,7 @@ def error_signature(exc: BaseException) -> str:
     """A short stable hash of the error's type and the code locations of its traceback.
 
     The message is left out on purpose: ids and timestamps in messages would make the same
-    deterministic bug look different each time (R8.4).
+    deterministic bug look different each time (G10.4).
     """
     frames = traceback.extract_tb(exc.__traceback__)
     parts = [type(exc).__module__ + "." + type(exc).__qualname__]

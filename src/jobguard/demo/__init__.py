@@ -1,1 +1,1 @@
-"""The order-fulfillment demo of the article (R9): shop, mail service, faults, report."""
+"""The order-fulfillment demo of the article: shop, mail service, faults, report."""

@@ -1,12 +1,12 @@
 """Actors outside the workers: a support agent who locks orders, and the process freezer.
 
-* :class:`BackOffice` holds ``order:{id}`` with ``app.lock()`` (R3) while the order's fulfilment
+* :class:`BackOffice` holds ``order:{id}`` with ``app.lock()`` (G3) while the order's fulfilment
   first arrives, as a support agent editing the order would: the job is deferred, not failed and
-  not charged an attempt (R3.4), and runs once the agent lets go.
+  not charged an attempt (G3.4), and runs once the agent lets go.
 * :class:`Freezer` answers a worker's ``FREEZE`` request: it stops the whole process (SIGSTOP),
   waits until the process's lock on the order has expired, lets the support agent take the lock
   (a newer fence), and resumes the process. The frozen worker's next write carries the old fence
-  and is refused by the store (R3.5). In ``--unsafe`` there is no lock: it just freezes the
+  and is refused by the store (G3.5). In ``--unsafe`` there is no lock: it just freezes the
   process longer than its lease.
 * :class:`EventLog` writes what these actors did into ``demo_events``, for the report.
 """

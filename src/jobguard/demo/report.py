@@ -41,64 +41,64 @@ LAYERS = (
     Layer(
         "dedup_hits",
         "dedup hits",
-        "R5.1",
+        "G6.1",
         "Deduplication key",
         "redeliveries folded into queued job",
     ),
     Layer(
         "already_processed",
         "already-processed skips",
-        "R4.3",
+        "G4.3",
         "Safe design, step 4",
         "done operations acked, not rerun",
     ),
     Layer(
         "memoised_steps",
         "memoised steps",
-        "R4.4",
+        "G5.1",
         "Order fulfillment: fixing the design",
         "done effects skipped on retry",
     ),
     Layer(
         "stale_leases_refused",
         "stale leases refused",
-        "R2.4",
+        "G2.4",
         "Visibility timeout",
         "expired leases reclaimed or refused",
     ),
     Layer(
         "stale_fences_refused",
         "stale fences refused",
-        "R3.5",
+        "G3.5",
         "Lock cache expiring too fast",
         "writes with an old fence refused",
     ),
     Layer(
         "lock_busy_deferrals",
         "lock-busy deferrals",
-        "R3.4",
+        "G3.4",
         "Locking worker",
         "order locked: requeued, uncharged",
     ),
-    Layer("retries", "retries", "R6.2", "Safe retry", "transient errors retried (backoff)"),
+    Layer("retries", "retries", "G7.2", "Safe retry", "transient errors retried (backoff)"),
     Layer(
         "poison_quarantined",
         "poison quarantined",
-        "R7.1",
+        "G8.1",
         "Poison job",
         "jobs moved to the DLQ, with reason",
     ),
     Layer(
         "email_replays",
         "email resends absorbed",
-        "R4.5",
+        "G4.4",
         "Idempotency to external APIs",
         "resends answered from their key",
     ),
     Layer(
         "slow_jobs_carried",
         "slow jobs carried",
-        "R2.2, R3.3",
+        "G2.2, G3.3",
         "Visibility timeout, lock renewal",
         "outlived lease and lock, completed",
     ),
@@ -305,8 +305,8 @@ def _symptoms(
             "orders": sum(1 for row in orders if row["invoices"] > 1),
             "from_duplicate_jobs": invoice_sources["from_duplicate_jobs"],
             "from_redeliveries": invoice_sources["from_redeliveries"],
-            "caught_by": "UNIQUE(order_id) (R4.6), the create-invoice db_step (R4.4), the "
-            "operation record (R4.2, R4.3); duplicate triggers by the dedup key (R5)",
+            "caught_by": "UNIQUE(order_id) (G4.5), the create-invoice db_step (G5.1), the "
+            "operation record (G4.2, G4.3); duplicate triggers by the dedup key (G6)",
         },
         {
             "symptom": "stock cut twice",
@@ -314,22 +314,22 @@ def _symptoms(
             "orders": sum(1 for row in orders if row["stock_cuts"] > 1),
             "from_duplicate_jobs": stock_sources["from_duplicate_jobs"],
             "from_redeliveries": stock_sources["from_redeliveries"],
-            "caught_by": "the cut-stock db_step, committed with its step record (R4.4, R4.6), "
-            "the operation record (R4.3); duplicate triggers by the dedup key (R5)",
+            "caught_by": "the cut-stock db_step, committed with its step record (G5.1, G4.5), "
+            "the operation record (G4.3); duplicate triggers by the dedup key (G6)",
         },
         {
             "symptom": "double emails",
             "count": duplicates["emails"],
             "orders": sum(1 for n in mail["sent_by_recipient"].values() if n > 1),
             "ambiguous_sends": mail["ambiguous_sends"],
-            "caught_by": "the Idempotency-Key from ctx.idempotency_key('email') (R4.5), the "
-            "send-email step (R4.4), the operation record (R4.3)",
+            "caught_by": "the Idempotency-Key from ctx.idempotency_key('email') (G4.4), the "
+            "send-email step (G5.1), the operation record (G4.3)",
         },
         {
             "symptom": "a job taken over while its first worker still ran",
             "count": outcomes.get("lease_refused", 0),
-            "caught_by": "heartbeat lease extension (R2.2) and lock renewal (R3.3); the store "
-            "refusing the stale worker's writes (R2.4, R3.5)",
+            "caught_by": "heartbeat lease extension (G2.2) and lock renewal (G3.3); the store "
+            "refusing the stale worker's writes (G2.4, G3.5)",
         },
     ]
 

@@ -36,7 +36,7 @@ UNKNOWN_PRODUCT_ID = 999
 
 
 class ValidationError(Exception):
-    """The order's data can never be fulfilled: a poison job, fatal and never retried (R6.1)."""
+    """The order's data can never be fulfilled: a poison job, fatal and never retried (G7.1)."""
 
 
 class Executes(Protocol):

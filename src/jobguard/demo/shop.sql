@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS stock_movements (
 );
 
 -- name: create_invoices_safe
--- One invoice per order, stated in the storage itself (the article's advice, R4.6).
+-- One invoice per order, stated in the storage itself (the article's advice, G4.5).
 CREATE TABLE IF NOT EXISTS invoices (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     order_id      INTEGER NOT NULL UNIQUE,

@@ -102,7 +102,7 @@ def _register_safe(
         lock_ttl_s=settings.lock_ttl_s,
     )
     def fulfill_order(ctx: Context, order_id: int) -> dict[str, Any]:
-        """Cut stock, create the invoice, send the confirmation: each exactly once (R4, R9)."""
+        """Cut stock, create the invoice, send the confirmation: each exactly once (G4)."""
         order = shop.load_order(connections.get(), order_id)
         order.validate()
         who = (ctx.job_id, ctx.attempt, ctx.worker_id)

@@ -1,7 +1,7 @@
 """The shop's producer side: the payment webhook, fired as a stream, and fired again late.
 
 Every order's webhook fires 1-3 times (redeliveries, double clicks); the safe shop enqueues with
-the webhook event's identity as dedup key (R5). Some orders' webhooks fire once more after the
+the webhook event's identity as dedup key (G6). Some orders' webhooks fire once more after the
 order was fulfilled, past the dedup window, where only the operation record can turn them away.
 """
 
@@ -29,7 +29,7 @@ class Webhooks:
         if self._unsafe:
             self._task.enqueue(order_id=order_id)
         else:
-            # The webhook event's identity: a redelivery of the same event is folded in (R5).
+            # The webhook event's identity: a redelivery of the same event is folded in (G6).
             self._task.options(dedup_key=f"order-paid:{order_id}").enqueue(order_id=order_id)
 
 

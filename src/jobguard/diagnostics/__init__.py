@@ -1,11 +1,11 @@
-"""Diagnostics over the attempt log (R8.2-R8.5): what ``jobguard doctor`` and ``app.diagnose()``
+"""Diagnostics over the attempt log (G10.2-G10.5): what ``jobguard doctor`` and ``app.diagnose()``
 report.
 
 One module per check, each a pure function over :class:`~jobguard.models.Attempt`,
 :class:`~jobguard.models.Job` and :class:`~jobguard.models.Operation` values:
 
-* :mod:`.overlaps` — one operation run by two deliveries at overlapping times (R8.2);
-* :mod:`.durations` — per task p50/p95/p99/max against its visibility timeout and lock TTL (R8.3);
+* :mod:`.overlaps` — one operation run by two deliveries at overlapping times (G10.2);
+* :mod:`.durations` — per task p50/p95/p99/max against its visibility timeout and lock TTL (G10.3);
 * :mod:`.resources` — per resource key: lock contention and starvation, overlaps of different
   operations under one lock, and deliveries refused for a stale fence;
 * :mod:`.retries`, :mod:`.outages` and :mod:`.poison` — failure spikes, many jobs failing the

@@ -1,10 +1,10 @@
-"""R8.5: did every important effect leave its trace?
+"""G10.5: did every important effect leave its trace?
 
 Whether a task *should* record an external reference (``ctx.set_external_ref``) is not written
 anywhere, so the audit counts rather than judges: operations completed, with and without one,
 per task; a task where some have one and some do not is worth a look, and examples are listed.
 Two things are always wrong and listed by id: a completed job with an operation key but no
-completed operation record (invariant 3 broken), and an operation stuck in ``processing`` with
+completed operation record (G4.3 broken), and an operation stuck in ``processing`` with
 no queued or running job left to finish it.
 """
 

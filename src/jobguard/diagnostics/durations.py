@@ -1,4 +1,4 @@
-"""R8.3: how long each task's handler runs, against its visibility timeout and lock TTL.
+"""G10.3: how long each task's handler runs, against its visibility timeout and lock TTL.
 
 Only deliveries that ran the handler and reported how long it took count: ``completed``,
 ``retry``, ``dead``, and the stale deliveries that ran on after losing their lease or lock
@@ -169,7 +169,7 @@ def advise(stats: TaskDurations) -> tuple[Advice, ...]:
                 "queue",
                 f"the slowest runs take {stats.max_s / max(stats.p50_s, 1e-9):.0f}x the median: "
                 "move slow jobs to their own queue with a longer timeout, e.g. "
-                f"App(queue_visibility_timeouts_s={{'slow': {target:g}}}) (R2.3)",
+                f"App(queue_visibility_timeouts_s={{'slow': {target:g}}}) (G2.3)",
                 target,
             )
         )

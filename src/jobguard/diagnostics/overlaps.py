@@ -1,4 +1,4 @@
-"""R8.2: one operation executed by two deliveries at overlapping times.
+"""G10.2: one operation executed by two deliveries at overlapping times.
 
 Each attempt that ran (or may have run) the handler covers an interval of store time, from
 ``started_at`` to its end. Its end is what the row says: ``ended_at``, or ``started_at +
@@ -111,7 +111,7 @@ def likely_causes(first: Run, second: Run, job: Job | None) -> tuple[str, ...]:
     if first.job_id != second.job_id:
         causes.append(
             f"two jobs ({first.job_id} and {second.job_id}) carry this operation key: "
-            "enqueue with a dedup_key so one business action is one job (R5)"
+            "enqueue with a dedup_key so one business action is one job (G6)"
         )
     if job.resource_key is None and not lease_expired:
         # A lock expires with the lease it is renewed with: it keeps a second delivery out

@@ -1,8 +1,8 @@
-"""R8.4, second half: errors that come back again and again, and poison candidates.
+"""G10.4, second half: errors that come back again and again, and poison candidates.
 
 Failed deliveries (``retry`` and ``dead`` with an error class) are grouped by task and error
 *signature*: the error class and the code locations of its stored traceback, as the worker's own
-poison detection does (R7.2), so ids and timestamps in messages do not split one bug into many.
+poison detection does (G8.2), so ids and timestamps in messages do not split one bug into many.
 Without a traceback (errors raised before the handler ran) the signature is the class and the
 message's first :data:`MESSAGE_PREFIX` characters with digits masked.
 

@@ -39,7 +39,7 @@ SEVERITY_ORDER = {Severity.PROBLEM: 0, Severity.WARNING: 1, Severity.HINT: 2}
 
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
-    """What ``jobguard doctor`` reports (R8.2-R8.5).
+    """What ``jobguard doctor`` reports (G10.2-G10.5).
 
     Attributes:
         now: The store clock when the data was read.
@@ -47,20 +47,20 @@ class Diagnosis:
         since: Only data active at or after this store time (``None``: all read).
         attempts: How many attempts were looked at.
         findings: Every cause found, problems first: kind, severity, task, keys and numbers.
-        overlaps: R8.2, deliveries of one operation (or job) that ran at the same time.
+        overlaps: G10.2, deliveries of one operation (or job) that ran at the same time.
         resource_overlaps: Deliveries of different operations that ran at once under one
             resource lock.
         resources: Per resource key and task, lock-busy deferrals, wait against run time and
             the task that holds the lock longest.
-        durations: R8.3, per task, the duration distribution against its timeouts, with advice.
-        retries: R8.4, per task, retry and failure rates and spikes.
-        errors: R8.4, the errors that repeat most, with poison candidates.
+        durations: G10.3, per task, the duration distribution against its timeouts, with advice.
+        retries: G10.4, per task, retry and failure rates and spikes.
+        errors: G10.4, the errors that repeat most, with poison candidates.
         outages: Many jobs of a task failing the same way within a short window.
         crash_loops: Worker crashes with the same job present at each.
         split_operations: Operation keys carried by several jobs.
         unstable_dedup_keys: Dedup keys that differ only in a timestamp or a fresh id.
         short_completions: Completions that went through fewer steps than the task usually does.
-        audit: R8.5, the traces completed operations left.
+        audit: G10.5, the traces completed operations left.
     """
 
     now: float

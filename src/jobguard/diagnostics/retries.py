@@ -1,4 +1,4 @@
-"""R8.4, first half: how often each task's handler fails, and whether that rose.
+"""G10.4, first half: how often each task's handler fails, and whether that rose.
 
 A *run* is a delivery whose handler ran to a verdict: ``completed``, ``retry`` or ``dead``; a
 *failure* is a run that did not complete, retried or buried alike (a job buried at its first
