@@ -110,7 +110,7 @@ def stack() -> Iterator[ExitStack]:
 def test_three_schedulers_killed_and_paused_make_one_job_and_one_run_per_tick(
     tmp_path: Path, stack: ExitStack, store_url: str
 ) -> None:
-    """Acceptance 1 over a 20-tick window: one scheduler SIGKILLed and restarted twice, one
+    """Over a 20-tick window: one scheduler SIGKILLed and restarted twice, one
     SIGSTOPped for 5 s; every tick has exactly one job and one execution, none missing."""
     fleet = Fleet(tmp_path, stack, store_url)
     store = App(store_url)
@@ -163,7 +163,7 @@ def wait_for_ticks(store: App, count: int) -> list[int]:
 def test_a_gap_with_every_scheduler_down_follows_each_policy_exactly(
     tmp_path: Path, stack: ExitStack, store_url: str
 ) -> None:
-    """Acceptance 2: schedulers stopped for 10 ticks on a controlled clock, then started: the
+    """Schedulers stopped for 10 ticks on a controlled clock, then started: the
     gap's job count is 0 (skip), 1 (last), 3 (catch up 3) and 10 (catch up 20)."""
     clock = tmp_path / "clock"
     t0 = 1_900_000_000
