@@ -66,9 +66,19 @@ def events_path(url: str) -> Path:
 def _connect(url: str) -> sqlite3.Connection:
     events_path(url).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(events_path(url), timeout=30.0, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(_EVENTS_SCHEMA)
-    return conn
+    # Two handlers opening a new log at once: SQLite answers the journal-mode switch with
+    # "database is locked" at once, without waiting, so it is retried here.
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(_EVENTS_SCHEMA)
+            return conn
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                conn.close()
+                raise
+            time.sleep(0.005)
 
 
 def record(url: str, ctx: Context, kind: str) -> None:
