@@ -51,8 +51,10 @@ def effects(path: str | Path, job_id: int) -> list[str]:
     """The effects of one job, in the order they ran."""
     if not Path(path).exists():
         return []
-    conn = sqlite3.connect(path)
+    conn = sqlite3.connect(path, timeout=30.0)
     try:
+        # The file can exist a moment before the handler that made it has created the table.
+        conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id INTEGER, name TEXT)")
         rows = conn.execute("SELECT name FROM effects WHERE job_id = ? ORDER BY rowid", (job_id,))
         return [row[0] for row in rows]
     finally:
