@@ -33,6 +33,7 @@ from jobguard.backends.base import (
     Closing,
     ErrorInfo,
     FinishRequest,
+    Prepared,
 )
 from jobguard.context import Context, InFlight
 from jobguard.core import messages
@@ -188,27 +189,20 @@ class Pipeline:
             operation_key=delivery.operation_key,
         )
 
-    def prepare(self, batch: list[InFlight]) -> None:
-        """Lock and claim for a whole fetched batch in one store call (a throughput lever).
+    def request_for(self, delivery: Delivery) -> BeginRequest | None:
+        """What a fetched delivery must hold before its handler (``None`` for an unknown task,
+        which the pipeline buries, and for a task without keys)."""
+        task = self.tasks.get(delivery.task)
+        return self.begin_request(delivery, task) if task else None
 
-        Results are kept on each :class:`InFlight` and used by :meth:`run`; a grant taken here
-        is renewed by the heartbeat from now on. Deliveries the pipeline will bury (unknown task)
-        are skipped.
-        """
-        items: list[tuple[InFlight, BeginRequest]] = []
-        for inflight in batch:
-            task = self.tasks.get(inflight.delivery.task)
-            request = self.begin_request(inflight.delivery, task) if task else None
-            if request is not None:
-                items.append((inflight, request))
-        if not items:
-            return
-        results = self.backend.begin_many([(item.guard, request) for item, request in items])
-        for (inflight, request), begun in zip(items, results, strict=True):
-            if begun is None:
-                continue
-            inflight.begun = begun
-            _hold(inflight, begun, request)
+    def adopt(self, prepared: Prepared) -> InFlight:
+        """Hold a delivery fetched with its begin; :meth:`run` uses what the begin got, and a
+        grant taken there is renewed by the heartbeat from now on."""
+        inflight = InFlight(prepared.delivery, guard_of(prepared.delivery), None)
+        if prepared.begun is not None and prepared.request is not None:
+            inflight.begun = prepared.begun
+            _hold(inflight, prepared.begun, prepared.request)
+        return inflight
 
     def _closing(self, inflight: InFlight, started: float, ctx: Context | None = None) -> Closing:
         """How the delivery ends, for its final write; from now on a lost lease is reported by
@@ -256,7 +250,7 @@ class Pipeline:
             return self._bury_unrunnable(inflight, arguments, started)
 
         stored_steps: dict[str, Any] = {}
-        begun = inflight.begun  # taken with its fetched batch by prepare(), already held
+        begun = inflight.begun  # taken in the fetch's transaction, already held
         if begun is None:
             request = self.begin_request(delivery, task)
             if request is not None:

@@ -31,7 +31,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
 from jobguard.aio import EventLoopThread
-from jobguard.backends.base import DeliveryRules
+from jobguard.backends.base import DeliveryRules, Prepared
 from jobguard.context import InFlight
 from jobguard.core import checks
 from jobguard.core.retry import full_jitter_s
@@ -42,8 +42,8 @@ from jobguard.exceptions import (
     WorkerFailedError,
 )
 from jobguard.heartbeat import Heartbeat
-from jobguard.models import Delivery, Outcome
-from jobguard.pipeline import Pipeline, Settled, guard_of
+from jobguard.models import Outcome
+from jobguard.pipeline import Pipeline, Settled
 from jobguard.scheduler import Scheduler
 from jobguard.task import check_queue_name
 
@@ -277,7 +277,9 @@ class Worker:
             if self._stopping.is_set():
                 return
             try:
-                deliveries = self.app.backend.fetch(self.queues, room, self.worker_id, self._rules)
+                deliveries = self.app.backend.fetch_prepared(
+                    self.queues, room, self.worker_id, self._rules, self._pipeline.request_for
+                )
             except StoreBrokenError as exc:
                 self._fail(exc)
                 return
@@ -318,13 +320,8 @@ class Worker:
         self.failure = exc
         self._stopping.set()
 
-    def _accept(self, deliveries: list[Delivery]) -> None:
-        items = [InFlight(delivery, guard_of(delivery), None) for delivery in deliveries]
-        try:
-            self._pipeline.prepare(items)
-        except JobGuardError as exc:
-            # Not fatal: each delivery then locks and claims on its own in the pipeline.
-            self.app.hooks.store_error("prepare", exc)
+    def _accept(self, deliveries: list[Prepared]) -> None:
+        items = [self._pipeline.adopt(prepared) for prepared in deliveries]
         with self._inflight_lock:
             for item in items:
                 self._inflight[item.delivery.lease_token] = item

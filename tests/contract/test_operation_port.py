@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from jobguard.backends.base import Backend, BeginRequest, Closing, ErrorInfo
+from jobguard.backends.base import Backend, BeginRequest, Begun, Closing, ErrorInfo
 from jobguard.exceptions import GuardLost, LeaseLostError, StaleFenceError, StepSQLError
 from jobguard.models import (
     BusyReason,
     DeadCode,
+    Delivery,
     Guard,
     JobSpec,
     JobStatus,
@@ -570,32 +571,76 @@ def test_begin_with_a_stale_lease_is_refused_and_takes_no_lock(
     assert backend.get_operation(KEY) is None
 
 
-def test_begin_many_begins_each_fresh_delivery_and_skips_stale_ones(
-    backend: Backend, clock: ControlledClock
-) -> None:
-    """Port contract: atomic per item; ``None`` where the lease is stale, nothing kept for it."""
-    stale = deliver(backend, visibility_timeout_s=5.0, operation_key="op:stale")
-    clock.advance(5.0)
-    backend.fetch(["default"], 10, "w2")  # stale's job is redelivered
-    fresh = deliver(backend, operation_key="op:fresh")
-    busy = deliver(backend, operation_key="op:busy")
-    results = backend.begin_many(
-        [
-            (stale, request(resource_key="r:stale", operation_key="op:stale")),
-            (fresh, request(resource_key="r:fresh", operation_key="op:fresh")),
-            (busy, request(resource_key="r:fresh", operation_key="op:busy", lock_owner="w1/b")),
-        ]
-    )
-    assert results[0] is None
-    assert results[1] is not None
-    assert results[1].busy is None
-    assert results[1].grant is not None
-    assert results[2] is not None
-    assert results[2].busy is not None  # r:fresh was just taken by the item before it
-    assert backend.lock_fence("r:stale") == 0
-    assert backend.get_operation("op:stale") is None
+def test_fetch_prepared_begins_each_fetched_delivery_in_lock_order(backend: Backend) -> None:
+    """Port contract: each delivery gets what ``begin`` asked for, in the fetch's transaction;
+    a later item of the batch finds the lock an earlier one took busy, and nothing is kept for
+    it; a delivery asking for nothing is fetched unbegun."""
+    plain = backend.enqueue(make_spec(operation_key=None))
+    fresh = backend.enqueue(make_spec(operation_key="op:fresh", resource_key="r:shared"))
+    busy = backend.enqueue(make_spec(operation_key="op:busy", resource_key="r:shared"))
+    owners = {fresh.id: "w1/a", busy.id: "w1/b"}
+
+    def begin(delivery: Delivery) -> BeginRequest | None:
+        if delivery.operation_key is None:
+            return None
+        return request(
+            resource_key=delivery.resource_key,
+            operation_key=delivery.operation_key,
+            lock_owner=owners[delivery.job_id],
+        )
+
+    prepared = {
+        item.delivery.job_id: item
+        for item in backend.fetch_prepared(["default"], 10, "w1", None, begin)
+    }
+    assert set(prepared) == {plain.id, fresh.id, busy.id}
+    assert prepared[plain.id].request is None
+    assert prepared[plain.id].begun is None
+    got = prepared[fresh.id].begun
+    assert got is not None
+    assert got.busy is None
+    assert got.grant is not None
+    assert got.grant.owner == "w1/a"
+    assert got.operation is not None
+    assert prepared[busy.id].begun == Begun(busy=BusyReason.LOCK)
+    assert backend.lock_fence("r:shared") == got.grant.fence == 1
     assert backend.get_operation("op:busy") is None
     assert stored(backend, "op:fresh").status == OperationStatus.PROCESSING
+    # The grant is the delivery's: its fence proves the delivery's writes.
+    guard = Guard(
+        fresh.id,
+        prepared[fresh.id].delivery.lease_token,
+        prepared[fresh.id].delivery.attempt_id,
+        got.grant,
+    )
+    backend.put_step(guard, "op:fresh", "one", "1")
+    assert stored(backend, "op:fresh").steps == {"one": 1}
+
+
+def test_fetch_prepared_leaves_an_item_whose_begin_fails_unbegun_and_begins_the_rest(
+    backend: Backend,
+) -> None:
+    """One delivery's failing begin does not cost the others theirs, nor the batch its leases."""
+    first = backend.enqueue(make_spec(operation_key="op:first", resource_key="r:first"))
+    failing = backend.enqueue(make_spec(operation_key="op:failing", resource_key="r:failing"))
+
+    def begin(delivery: Delivery) -> BeginRequest | None:
+        if delivery.job_id == failing.id:
+            raise RuntimeError("cannot say what this delivery needs")
+        return request(resource_key=delivery.resource_key, operation_key=delivery.operation_key)
+
+    prepared = {
+        item.delivery.job_id: item
+        for item in backend.fetch_prepared(["default"], 10, "w1", None, begin)
+    }
+    assert set(prepared) == {first.id, failing.id}
+    assert prepared[failing.id].begun is None
+    got = prepared[first.id].begun
+    assert got is not None
+    assert got.grant is not None
+    assert got.operation is not None
+    assert backend.get_job(failing.id).status == JobStatus.RUNNING  # leased all the same
+    assert backend.lock_fence("r:failing") == 0
 
 
 def test_an_error_of_the_steps_own_sql_reaches_the_handler_as_step_sql_error(

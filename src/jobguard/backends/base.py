@@ -120,6 +120,15 @@ class Begun:
     busy: BusyReason | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A delivery fetched together with its begin: what it asked for and what it got."""
+
+    delivery: Delivery
+    request: BeginRequest | None = None
+    begun: Begun | None = None
+
+
 class QueuePort(Protocol):
     """Jobs, leases and the dead letter queue (G1, G2, G6, G8)."""
 
@@ -282,10 +291,20 @@ class OperationPort(Protocol):
         guard already carries a lock.
         """
 
-    def begin_many(self, items: Sequence[tuple[Guard, BeginRequest]]) -> list[Begun | None]:
-        """:meth:`begin` for a batch of fresh deliveries (``None`` where the lease is stale).
+    def fetch_prepared(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        rules: Mapping[str, DeliveryRules] | None = None,
+        begin: Callable[[Delivery], BeginRequest | None] | None = None,
+    ) -> list[Prepared]:
+        """:meth:`QueuePort.fetch` and :meth:`begin` of each fetched delivery, in one
+        transaction where the store allows (one commit before the handlers start).
 
-        Atomic per item; all items in one transaction where the store allows.
+        ``begin`` says what each delivery must hold (``None``: nothing). An item whose begin
+        could not be stored comes back with ``begun`` ``None`` and begins on its own later;
+        ``busy`` results are kept (the lock or claim belongs to another live delivery).
         """
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:

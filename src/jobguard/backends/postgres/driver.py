@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,6 +20,7 @@ from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
+from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.url import parse_postgres_url
 from jobguard.backends.sql.driver import NamedStatements, Tx, UserCodeError
 from jobguard.exceptions import ConfigurationError, StepSQLError, StoreUnavailableError
@@ -28,6 +30,7 @@ try:
     from psycopg import errors, sql
     from psycopg.pq import TransactionStatus
     from psycopg.rows import dict_row, tuple_row
+    from psycopg.types.json import Jsonb
     from psycopg_pool import ConnectionPool
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
@@ -72,10 +75,12 @@ class PostgresTx(NamedStatements):
         conn: psycopg.Connection[Any],
         queries: Mapping[str, str],
         clock: Callable[[], float] | None,
+        server_clock: ServerClock,
     ) -> None:
         self._conn = conn
         self._queries = queries
         self._clock = clock
+        self._server_clock = server_clock
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -83,6 +88,8 @@ class PostgresTx(NamedStatements):
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
+        if "items" in params:  # lists of records travel as one jsonb (jsonb_to_recordset)
+            params = {**params, "items": Jsonb(params["items"])}
         cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
         return cursor.execute(self._queries[name], params)
 
@@ -96,6 +103,10 @@ class PostgresTx(NamedStatements):
         """The store clock: the server's ``clock_timestamp()`` (or the one a test injected)."""
         if self._clock is not None:
             return self._clock()
+        return self._server_clock.now(self.read_server_clock)
+
+    def read_server_clock(self) -> float:
+        """Ask the server for its clock on this transaction's connection (one round trip)."""
         row = self.one("store_clock", {})
         assert row is not None
         return float(row["now"])
@@ -170,6 +181,7 @@ class PostgresDriver:
         self._conninfo = parsed.conninfo
         self._queries = render_queries(self.schema)
         self._clock = clock
+        self._server_clock = ServerClock()
         from jobguard.backends.postgres.schema import check_schema
 
         with self.connect() as conn:
@@ -219,12 +231,15 @@ class PostgresDriver:
                     self._pid = pid
         return self._pool
 
+    def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTx:
+        return PostgresTx(conn, self._queries, self._clock, self._server_clock)
+
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` in one transaction; retried if the server aborted it (deadlock)."""
         for attempt in range(_RETRIES):
             try:
                 with self._pool_of_this_process().connection() as conn, conn.transaction():
-                    return fn(PostgresTx(conn, self._queries, self._clock))
+                    return fn(self._tx(conn))
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
             except _RETRYABLE as exc:
@@ -239,7 +254,7 @@ class PostgresDriver:
         """Run ``fn`` on a pooled connection (each statement sees committed data)."""
         try:
             with self._pool_of_this_process().connection() as conn:
-                return fn(PostgresTx(conn, self._queries, self._clock))
+                return fn(self._tx(conn))
         except psycopg.Error as exc:
             raise StoreUnavailableError(f"PostgreSQL read failed: {exc}") from exc
 
@@ -258,7 +273,7 @@ class PostgresDriver:
             )
         if status == TransactionStatus.INERROR:
             raise ConfigurationError("connection= is in a failed transaction; roll it back first")
-        return PostgresTx(connection, self._queries, self._clock)
+        return self._tx(connection)
 
     @contextmanager
     def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
@@ -272,27 +287,34 @@ class PostgresDriver:
             )
 
     def now(self) -> float:
-        """The store clock."""
-        return self.read(lambda tx: tx.now())
+        """The store clock (a connection is taken only when the server must be asked)."""
+        carried = self._server_clock.carried() if self._clock is None else None
+        return carried if carried is not None else self.read(lambda tx: tx.now())
 
     def jobs_added(self, queues: Sequence[str]) -> None:
         """Nothing to do: the enqueue's own NOTIFY wakes workers when it commits."""
 
-    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
-        """Sleep until a NOTIFY for one of ``queues`` arrives, or ``timeout_s``."""
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> bool:
+        """Sleep until a NOTIFY for one of ``queues`` arrives (True), or ``timeout_s``."""
         listener = self._listening()
         if listener is None:
             time.sleep(timeout_s)
-            return
+            return False
         wanted = set(queues)
         deadline = time.monotonic() + timeout_s
         try:
             while (left := deadline - time.monotonic()) > 0:
-                for notify in listener.notifies(timeout=left, stop_after=1):
+                # Sleep in select() until the server sends something: psycopg's own timed wait
+                # for notifications wakes thousands of times a second while idle.
+                readable, _, _ = select.select([listener.fileno()], [], [], left)
+                if not readable:
+                    return False
+                for notify in listener.notifies(timeout=0.0):
                     if notify.payload in wanted:
-                        return
-        except psycopg.Error:
+                        return True
+        except (psycopg.Error, OSError, ValueError):
             self._drop_listener()  # listened again on the next wait; meanwhile we poll
+        return False
 
     def _listening(self) -> psycopg.Connection[Any] | None:
         listener = self._listener

@@ -84,10 +84,63 @@ UPDATE {schema}.jobs SET available_at = %(now)s + %(visibility_timeout_s)s
 WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
 
 -- name: finish_job
+-- Only with every proof in place: the lease, the newest fence of the lock (if any), and the
+-- operation's claim (if the finish completes one). Changes no row otherwise.
 UPDATE {schema}.jobs
 SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
     last_error = NULL
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running'
+  AND (%(resource)s::text IS NULL
+       OR NOT EXISTS (SELECT 1 FROM {schema}.locks
+                      WHERE resource = %(resource)s::text AND fence > %(fence)s::bigint))
+  AND (%(key)s::text IS NULL
+       OR EXISTS (SELECT 1 FROM {schema}.operations
+                  WHERE key = %(key)s::text AND owner_lease = %(lease_token)s));
+
+-- name: finish_jobs
+-- Many finishes at once (%(items)s: job_id, lease_token, resource, fence, key), each only with
+-- every proof in place, as finish_job. Returns the ids it finished.
+UPDATE {schema}.jobs AS j
+SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
+    last_error = NULL
+FROM jsonb_to_recordset(%(items)s::jsonb)
+     AS item(job_id bigint, lease_token text, resource text, fence bigint, key text)
+WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
+  AND (item.resource IS NULL
+       OR NOT EXISTS (SELECT 1 FROM {schema}.locks AS l
+                      WHERE l.resource = item.resource AND l.fence > item.fence))
+  AND (item.key IS NULL
+       OR EXISTS (SELECT 1 FROM {schema}.operations AS o
+                  WHERE o.key = item.key AND o.owner_lease = item.lease_token))
+RETURNING j.id;
+
+-- name: complete_operations
+-- complete_operation for many (%(items)s: key, owner_lease, result, external_ref, fence).
+UPDATE {schema}.operations AS o
+SET status = 'completed', result = item.result, external_ref = item.external_ref,
+    fence = item.fence, owner_lease = NULL, updated_at = %(now)s, completed_at = %(now)s,
+    last_error = NULL
+FROM jsonb_to_recordset(%(items)s::jsonb)
+     AS item(key text, owner_lease text, result text, external_ref text, fence bigint)
+WHERE o.key = item.key AND o.owner_lease = item.owner_lease AND o.status = 'processing';
+
+-- name: close_attempts
+-- close_attempt for many finished deliveries (%(items)s: attempt_id, outcome, duration_s,
+-- lock_owner, fence, steps_run, steps_skipped); a finish records no error.
+UPDATE {schema}.attempts AS a
+SET outcome = item.outcome, ended_at = %(now)s, duration_s = item.duration_s, error_type = NULL,
+    error_message = NULL, traceback = NULL, lock_owner = item.lock_owner, fence = item.fence,
+    steps_run = item.steps_run, steps_skipped = item.steps_skipped
+FROM jsonb_to_recordset(%(items)s::jsonb)
+     AS item(attempt_id bigint, outcome text, duration_s float8, lock_owner text, fence bigint,
+             steps_run integer, steps_skipped integer)
+WHERE a.id = item.attempt_id;
+
+-- name: release_locks
+-- release_lock for many (%(items)s: resource, owner).
+UPDATE {schema}.locks AS l SET owner = NULL, expires_at = NULL
+FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text)
+WHERE l.resource = item.resource AND l.owner = item.owner;
 
 -- name: retry_job
 UPDATE {schema}.jobs
@@ -170,6 +223,36 @@ ON CONFLICT (resource) DO UPDATE
 SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
 WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
 RETURNING fence;
+
+-- name: grant_locks
+-- grant_lock for many distinct resources (%(items)s: resource, owner, expires_at), in resource
+-- order so that two workers granting overlapping sets do not deadlock. Returns the granted ones.
+INSERT INTO {schema}.locks (resource, owner, fence, expires_at)
+SELECT item.resource, item.owner, 1, item.expires_at
+FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text, expires_at float8)
+ORDER BY item.resource
+ON CONFLICT (resource) DO UPDATE
+SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
+WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
+RETURNING resource, fence;
+
+-- name: attempt_locks
+-- attempt_lock for many (%(items)s: attempt_id, lock_owner, fence).
+UPDATE {schema}.attempts AS a SET lock_owner = item.lock_owner, fence = item.fence
+FROM jsonb_to_recordset(%(items)s::jsonb) AS item(attempt_id bigint, lock_owner text, fence bigint)
+WHERE a.id = item.attempt_id;
+
+-- name: insert_operations
+-- insert_operation for many distinct keys (%(items)s: key, resource_key, owner_lease, fence), in
+-- key order; returns the rows it inserted (keys already recorded are left alone).
+INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence,
+                                 created_at, updated_at)
+SELECT item.key, 'processing', item.resource_key, item.owner_lease, 1, item.fence, %(now)s, %(now)s
+FROM jsonb_to_recordset(%(items)s::jsonb)
+     AS item(key text, resource_key text, owner_lease text, fence bigint)
+ORDER BY item.key
+ON CONFLICT (key) DO NOTHING
+RETURNING *;
 
 -- name: renew_lock
 UPDATE {schema}.locks SET expires_at = %(expires_at)s WHERE resource = %(resource)s AND owner = %(owner)s;

@@ -78,8 +78,9 @@ class Driver(Protocol):
     def jobs_added(self, queues: Sequence[str]) -> None:
         """Wake idle workers of these queues after a committed enqueue (no-op if it cannot)."""
 
-    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
-        """Block until an enqueue may have made work for ``queues``, or ``timeout_s`` passed."""
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> bool:
+        """Block until an enqueue may have made work for ``queues`` (True: a wake-up came), or
+        ``timeout_s`` passed (False)."""
 
     def close(self) -> None:
         """Close this process's connections."""

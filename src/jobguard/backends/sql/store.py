@@ -22,6 +22,7 @@ from jobguard.backends.base import (
     DeliveryRules,
     ErrorInfo,
     FinishRequest,
+    Prepared,
     Renewal,
     RenewalResult,
 )
@@ -33,7 +34,6 @@ from jobguard.exceptions import (
     DuplicateJobError,
     GuardLost,
     JobGuardError,
-    LeaseLostError,
     NotFoundError,
     StoreUnavailableError,
 )
@@ -59,8 +59,17 @@ from jobguard.models import (
 T = TypeVar("T")
 
 
+class _RedoCarefully(Exception):
+    """A batch item failed after it wrote: roll the batch back and run it with savepoints."""
+
+
 def _fence_of(guard: Guard) -> int | None:
     return guard.lock.fence if guard.lock else None
+
+
+def _claim_of(request: FinishRequest) -> str | None:
+    """The operation a finish completes (only a completed outcome completes one)."""
+    return request.operation_key if request.outcome == Outcome.COMPLETED else None
 
 
 class SQLStore:
@@ -75,6 +84,9 @@ class SQLStore:
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
         self.url = driver.url
+        # Whether the next fetch will likely find work (the last one did, or an enqueue woke
+        # us): then it skips the read-only look. A hint, never a decision.
+        self._expect_work = False
 
     def close(self) -> None:
         """Close this process's connections."""
@@ -85,19 +97,6 @@ class SQLStore:
         return self.driver.now()
 
     # -- guards ---------------------------------------------------------------------------------
-
-    @staticmethod
-    def _check_fence(tx: Tx, guard: Guard) -> None:
-        """Refuse a write whose lock grant is no longer the newest for its resource.
-
-        Unlike :meth:`_verify`, the lease is left to the write's own ``WHERE lease_token``, so
-        an unlocked job pays no extra query on the hot path (finish).
-        """
-        if guard.lock is None:
-            return
-        row = tx.one("lock_row", {"resource": guard.lock.resource})
-        if row is not None and row["fence"] > guard.lock.fence:
-            raise messages.stale_fence(guard.lock.resource, guard.lock.fence, row["fence"])
 
     @staticmethod
     def _verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None) -> Row:
@@ -215,7 +214,8 @@ class SQLStore:
 
     def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
         """Block until an enqueue may have added work, or ``timeout_s`` passed."""
-        self.driver.wait_for_jobs(queues, timeout_s)
+        if self.driver.wait_for_jobs(queues, timeout_s):
+            self._expect_work = True  # woken by an enqueue: the look before fetching is moot
 
     def fetch(
         self,
@@ -225,16 +225,33 @@ class SQLStore:
         rules: Mapping[str, DeliveryRules] | None = None,
     ) -> list[Delivery]:
         """Lease up to ``limit`` ready jobs (one transaction); see :class:`QueuePort`."""
+        return [item.delivery for item in self.fetch_prepared(queues, limit, worker_id, rules)]
+
+    def fetch_prepared(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        rules: Mapping[str, DeliveryRules] | None = None,
+        begin: Callable[[Delivery], BeginRequest | None] | None = None,
+    ) -> list[Prepared]:
+        """Lease ready jobs and begin them (lock + claim) in the same transaction.
+
+        See :class:`OperationPort`. Tried first without savepoints; if one item's begin fails
+        unexpectedly, the whole fetch is rolled back and run again with a savepoint per begin,
+        where that item is left unbegun (its delivery begins on its own later).
+        """
         task_rules = rules or {}
 
         # Idle polling must not queue up behind writers: look first, on a read connection.
+        # While jobs keep coming the look is a wasted round trip.
         def ready(tx: Tx) -> bool:
             return tx.one("any_ready", {"queues": list(queues), "now": tx.now()}) is not None
 
-        if not self.driver.read(ready):
+        if not self._expect_work and not self.driver.read(ready):
             return []
 
-        def op(tx: Tx) -> list[Delivery]:
+        def op(tx: Tx, careful: bool) -> list[Prepared]:
             now = tx.now()
             picked: list[Row] = []
             for queue in queues:
@@ -246,9 +263,159 @@ class SQLStore:
             live = [row for row in picked if row["id"] not in spent]
             if not live:
                 return []
-            return self._lease(tx, live, task_rules, worker_id, now)
+            deliveries = self._lease(tx, live, task_rules, worker_id, now)
+            if begin is None:
+                return [Prepared(delivery) for delivery in deliveries]
+            return self._begin_fetched(tx, deliveries, begin, now, careful=careful)
 
-        return self.driver.write(op)
+        try:
+            prepared = self.driver.write(lambda tx: op(tx, False))
+        except _RedoCarefully:
+            prepared = self.driver.write(lambda tx: op(tx, True))
+        self._expect_work = bool(prepared)
+        return prepared
+
+    @staticmethod
+    def _request_of(
+        begin: Callable[[Delivery], BeginRequest | None], delivery: Delivery, careful: bool
+    ) -> BeginRequest | None:
+        try:
+            return begin(delivery)
+        except Exception as exc:
+            if not careful:
+                raise _RedoCarefully() from exc
+            return None  # its handler's own begin meets the same error, as that job's
+
+    def _begin_fetched(
+        self,
+        tx: Tx,
+        deliveries: Sequence[Delivery],
+        begin: Callable[[Delivery], BeginRequest | None],
+        now: float,
+        *,
+        careful: bool,
+    ) -> list[Prepared]:
+        """Begin deliveries leased in this transaction, in :func:`_lock_order`: as a set (a few
+        statements for the batch), or ``careful``-ly one at a time, each in a savepoint."""
+        requests = [self._request_of(begin, delivery, careful) for delivery in deliveries]
+        wanted = [index for index, request in enumerate(requests) if request is not None]
+        order = sorted(wanted, key=lambda i: _lock_order(requests[i]))
+        guards = [Guard(d.job_id, d.lease_token, d.attempt_id) for d in deliveries]
+        begun: list[Begun | None] = [None] * len(deliveries)
+        if not careful:
+            try:
+                self._begin_set(tx, guards, requests, order, begun, now)
+            except Exception as exc:
+                raise _RedoCarefully() from exc
+        else:
+            for index in order:
+                request = requests[index]
+                assert request is not None
+                try:
+                    with tx.savepoint():
+                        begun[index] = self._begin_one(tx, guards[index], request, now, leased=True)
+                except Exception:
+                    begun[index] = None  # begun again, on its own, when its handler starts
+        return [
+            Prepared(delivery, request, result)
+            for delivery, request, result in zip(deliveries, requests, begun, strict=True)
+        ]
+
+    def _begin_set(
+        self,
+        tx: Tx,
+        guards: list[Guard],
+        requests: Sequence[BeginRequest | None],
+        order: Sequence[int],
+        begun: list[Begun | None],
+        now: float,
+    ) -> None:
+        """:meth:`_begin_one` for a batch of fresh deliveries, with the same outcome as taking
+        them one by one in ``order``: one statement grants every lock asked for, one records
+        the grants on the attempts, one inserts every new operation; only operations already
+        recorded are claimed one at a time. Fills ``guards`` (grants) and ``begun``."""
+        wanted = {index: request for index in order if (request := requests[index]) is not None}
+        self._grant_set(tx, guards, wanted, begun, now)
+        # New operation keys in one insert (the first delivery of the batch per key); the rest
+        # are recorded already (or taken by an earlier delivery of this batch) and are claimed,
+        # or found busy, one at a time.
+        first: dict[str, int] = {}
+        for index, request in wanted.items():
+            key = request.operation_key
+            if begun[index] is None and key is not None:
+                first.setdefault(key, index)
+        inserted: dict[str, Row] = {}
+        if first:
+            items = [
+                {
+                    "key": key,
+                    "resource_key": wanted[index].resource_key,
+                    "owner_lease": guards[index].lease_token,
+                    "fence": _fence_of(guards[index]),
+                }
+                for key, index in first.items()
+            ]
+            found = tx.all("insert_operations", {"items": items, "now": now})
+            inserted = {row["key"]: row for row in found}
+        for index, request in wanted.items():
+            key, guard = request.operation_key, guards[index]
+            if begun[index] is not None:
+                continue
+            if key is None:
+                begun[index] = Begun(grant=guard.lock)
+            elif key in inserted and first[key] == index:
+                begun[index] = Begun(grant=guard.lock, operation=rows.operation(inserted[key], []))
+            else:
+                begun[index] = self._claim_or_busy(tx, guard, request, now)
+
+    @staticmethod
+    def _grant_set(
+        tx: Tx,
+        guards: list[Guard],
+        wanted: Mapping[int, BeginRequest],
+        begun: list[Begun | None],
+        now: float,
+    ) -> None:
+        """Every lock of the batch in one statement. The first delivery asking for a resource
+        may get it; later ones would find it held by a live owner, so they are busy unasked."""
+        asking: dict[str, int] = {}
+        for index, request in wanted.items():
+            if request.resource_key is None:
+                continue
+            if request.resource_key in asking:
+                begun[index] = Begun(busy=BusyReason.LOCK)
+            else:
+                asking[request.resource_key] = index
+        if not asking:
+            return
+        items = [
+            {
+                "resource": resource,
+                "owner": wanted[index].lock_owner,
+                "expires_at": now + wanted[index].lock_ttl_s,
+            }
+            for resource, index in asking.items()
+        ]
+        granted = tx.all("grant_locks", {"items": items, "now": now})
+        fences = {row["resource"]: row["fence"] for row in granted}
+        marks = []
+        for resource, index in asking.items():
+            if resource not in fences:
+                begun[index] = Begun(busy=BusyReason.LOCK)
+                continue
+            request = wanted[index]
+            expires_at = now + request.lock_ttl_s
+            grant = LockGrant(resource, request.lock_owner, fences[resource], expires_at)
+            guards[index] = replace(guards[index], lock=grant)
+            marks.append(
+                {
+                    "attempt_id": guards[index].attempt_id,
+                    "lock_owner": grant.owner,
+                    "fence": grant.fence,
+                }
+            )
+        if marks:
+            tx.run("attempt_locks", {"items": marks})
 
     @staticmethod
     def _close_expired(
@@ -331,15 +498,24 @@ class SQLStore:
         return self.driver.write(op)
 
     def _finish_one(self, tx: Tx, request: FinishRequest, now: float) -> None:
+        """Ack one delivery (inside its own savepoint): the careful path of :meth:`finish_many`."""
         guard = request.guard
-        params = {"job_id": guard.job_id, "lease_token": guard.lease_token, "now": now}
-        self._transition(tx, "finish_job", params)
-        self._check_fence(tx, guard)
-        if request.operation_key is not None and request.outcome == Outcome.COMPLETED:
+        claim_key = _claim_of(request)
+        params = {
+            "job_id": guard.job_id,
+            "lease_token": guard.lease_token,
+            "resource": guard.lock.resource if guard.lock else None,
+            "fence": _fence_of(guard),
+            "key": claim_key,
+            "now": now,
+        }
+        if tx.run("finish_job", params) != 1:
+            raise self._refusal(tx, request, claim_key)
+        if claim_key is not None:
             completed = tx.run(
                 "complete_operation",
                 {
-                    "key": request.operation_key,
+                    "key": claim_key,
                     "owner_lease": guard.lease_token,
                     "result": request.result_json,
                     "external_ref": request.external_ref,
@@ -348,35 +524,125 @@ class SQLStore:
                 },
             )
             if completed != 1:
-                raise messages.claim_lost(request.operation_key)
+                raise messages.claim_lost(claim_key)
         self._close_attempt(tx, guard, request.closing, request.outcome, None, now)
         self._drop_lock(tx, guard)
 
     def finish_many(self, requests: Sequence[FinishRequest]) -> list[JobGuardError | None]:
-        """Ack many deliveries in one transaction, each all-or-nothing on its own."""
+        """Ack many deliveries in one transaction, each all-or-nothing on its own.
 
-        def op(tx: Tx) -> list[JobGuardError | None]:
-            now = tx.now()
-            refused: list[JobGuardError | None] = []
-            for request in requests:
-                try:
-                    with tx.savepoint():
-                        self._finish_one(tx, request, now)
-                    refused.append(None)
-                except (GuardLost, StoreUnavailableError) as exc:
-                    refused.append(exc)
-                except Exception as exc:
-                    # One job's unstorable row (text the driver cannot encode, say) must not
-                    # fail the acks of the others: its own finish is left to its lease.
-                    job = request.guard.job_id
-                    failed = StoreUnavailableError(
-                        f"job {job}: its finish could not be stored: {exc}"
-                    )
-                    failed.__cause__ = exc
-                    refused.append(failed)
-            return refused
+        First as a set (a few statements for the whole batch, each item's refusals found before
+        it writes); if that fails (a row the driver cannot store, or a claim taken in between),
+        the transaction is rolled back and the batch runs again one item at a time, each in its
+        own savepoint.
+        """
+        try:
+            return self.driver.write(lambda tx: self._finish_batch(tx, requests, careful=False))
+        except _RedoCarefully:
+            return self.driver.write(lambda tx: self._finish_batch(tx, requests, careful=True))
 
-        return self.driver.write(op)
+    def _finish_batch(
+        self, tx: Tx, requests: Sequence[FinishRequest], *, careful: bool
+    ) -> list[JobGuardError | None]:
+        now = tx.now()
+        if not careful:
+            try:
+                return self._finish_set(tx, requests, now)
+            except _RedoCarefully:
+                raise
+            except Exception as exc:  # a row the driver cannot store, say: find which, alone
+                raise _RedoCarefully() from exc
+        refused: list[JobGuardError | None] = []
+        for request in requests:
+            try:
+                with tx.savepoint():
+                    self._finish_one(tx, request, now)
+                refused.append(None)
+            except (GuardLost, StoreUnavailableError) as exc:
+                refused.append(exc)
+            except Exception as exc:
+                # One job's unstorable row (text the driver cannot encode, say) must not
+                # fail the acks of the others: its own finish is left to its lease.
+                job = request.guard.job_id
+                failed = StoreUnavailableError(f"job {job}: its finish could not be stored: {exc}")
+                failed.__cause__ = exc
+                refused.append(failed)
+        return refused
+
+    def _finish_set(
+        self, tx: Tx, requests: Sequence[FinishRequest], now: float
+    ) -> list[JobGuardError | None]:
+        """Every finish of the batch in four statements: jobs finished where every proof holds,
+        then their operations completed, attempts closed and locks released."""
+        claims = [_claim_of(request) for request in requests]
+        items = [
+            {
+                "job_id": request.guard.job_id,
+                "lease_token": request.guard.lease_token,
+                "resource": request.guard.lock.resource if request.guard.lock else None,
+                "fence": _fence_of(request.guard),
+                "key": claim,
+            }
+            for request, claim in zip(requests, claims, strict=True)
+        ]
+        done = {row["id"] for row in tx.all("finish_jobs", {"items": items, "now": now})}
+        refused: list[JobGuardError | None] = []
+        for request, claim in zip(requests, claims, strict=True):
+            refused.append(
+                None if request.guard.job_id in done else self._refusal(tx, request, claim)
+            )
+        finished = [
+            (request, claim)
+            for request, claim, no in zip(requests, claims, refused, strict=True)
+            if no is None
+        ]
+        completing = [
+            {
+                "key": claim,
+                "owner_lease": request.guard.lease_token,
+                "result": request.result_json,
+                "external_ref": request.external_ref,
+                "fence": _fence_of(request.guard),
+            }
+            for request, claim in finished
+            if claim is not None
+        ]
+        if completing and tx.run("complete_operations", {"items": completing, "now": now}) != len(
+            completing
+        ):
+            raise _RedoCarefully()  # proven by finish_jobs a moment ago: a claim taken since
+        closing = [
+            {
+                "attempt_id": request.guard.attempt_id,
+                "outcome": request.outcome.value,
+                "duration_s": request.closing.duration_s,
+                "lock_owner": request.guard.lock.owner if request.guard.lock else None,
+                "fence": _fence_of(request.guard),
+                "steps_run": request.closing.steps_run,
+                "steps_skipped": request.closing.steps_skipped,
+            }
+            for request, _ in finished
+        ]
+        if closing:
+            tx.run("close_attempts", {"items": closing, "now": now})
+        releasing = [
+            {"resource": request.guard.lock.resource, "owner": request.guard.lock.owner}
+            for request, _ in finished
+            if request.guard.lock is not None
+        ]
+        if releasing:
+            tx.run("release_locks", {"items": releasing})
+        return refused
+
+    def _refusal(self, tx: Tx, request: FinishRequest, claim: str | None) -> GuardLost:
+        """Why a finish changed no row: which of its proofs failed."""
+        guard = request.guard
+        try:
+            self._verify(tx, guard, claim)
+        except GuardLost as exc:
+            return exc
+        # Every proof holds now: the lease moved on and back in between (it cannot, but say so).
+        return messages.stale_lease(guard.job_id, guard.lease_token, "finish_job")
 
     def _settle(
         self,
@@ -669,22 +935,20 @@ class SQLStore:
     ) -> Operation | None:
         """Get-or-create the record and claim it; ``None`` if a live delivery holds it."""
         fence = _fence_of(guard)
+        params = {
+            "key": key,
+            "resource_key": resource_key,
+            "owner_lease": guard.lease_token,
+            "fence": fence,
+            "now": now,
+        }
+        # Most operations are new: insert first (returning the row as written, no second read
+        # of it); a key already recorded is read and locked instead.
+        row = tx.one("insert_operation", params)
+        if row is not None:
+            return rows.operation(row, [])
         row = tx.one("operation_row_for_update", {"key": key})
-        if row is None:
-            params = {
-                "key": key,
-                "resource_key": resource_key,
-                "owner_lease": guard.lease_token,
-                "fence": fence,
-                "now": now,
-            }
-            # Insert and claim return the row as written: no second read of it.
-            row = tx.one("insert_operation", params)
-            if row is not None:
-                return rows.operation(row, [])
-            # A concurrent delivery inserted the key first (PostgreSQL): go on with its row.
-            row = tx.one("operation_row_for_update", {"key": key})
-            assert row is not None  # committed by the transaction this one waited for
+        assert row is not None  # it exists: the insert found it (or waited for its commit)
         if row["status"] != OperationStatus.COMPLETED:
             holder = row["owner_lease"]
             if holder and holder != guard.lease_token:
@@ -697,8 +961,12 @@ class SQLStore:
         steps = tx.all("steps_of_operation", {"key": key})
         return rows.operation(row, steps)
 
-    def _begin_one(self, tx: Tx, guard: Guard, request: BeginRequest, now: float) -> Begun:
-        self._verify(tx, guard, None)
+    def _begin_one(
+        self, tx: Tx, guard: Guard, request: BeginRequest, now: float, *, leased: bool = False
+    ) -> Begun:
+        """``leased``: the lease was taken in this same transaction, so it needs no proof."""
+        if not leased:
+            self._verify(tx, guard, None)
         current = guard
         held = guard.lock is not None and guard.lock.resource == request.resource_key
         if request.resource_key is not None and not held:
@@ -715,48 +983,25 @@ class SQLStore:
             current = replace(guard, lock=grant)
         if request.operation_key is None:
             return Begun(grant=current.lock)
-        operation = self._claim(tx, current, request.operation_key, request.resource_key, now)
+        return self._claim_or_busy(tx, current, request, now)
+
+    def _claim_or_busy(self, tx: Tx, guard: Guard, request: BeginRequest, now: float) -> Begun:
+        """Claim the operation for a delivery that holds what it locked; busy if a live
+        delivery holds the claim, in which case its lock is given straight back."""
+        assert request.operation_key is not None
+        operation = self._claim(tx, guard, request.operation_key, request.resource_key, now)
         if operation is None:
-            self._drop_lock(tx, current)
-            # The attempt row must not name a lock this delivery gave straight back.
-            params = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
-            tx.run("attempt_lock", params)
+            self._drop_lock(tx, guard)
+            if guard.lock is not None:
+                # The attempt row must not name a lock this delivery gave straight back.
+                params = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
+                tx.run("attempt_lock", params)
             return Begun(busy=BusyReason.OPERATION)
-        return Begun(grant=current.lock, operation=operation)
+        return Begun(grant=guard.lock, operation=operation)
 
     def begin(self, guard: Guard, request: BeginRequest) -> Begun:
         """Lock the resource and claim the operation together (one transaction)."""
         return self.driver.write(lambda tx: self._begin_one(tx, guard, request, tx.now()))
-
-    def begin_many(self, items: Sequence[tuple[Guard, BeginRequest]]) -> list[Begun | None]:
-        """:meth:`begin` for many deliveries in one transaction; ``None`` for a stale lease.
-
-        Items are taken in the order of their resource keys (operation keys for unlocked ones;
-        input order among equals), so two workers beginning overlapping batches lock rows in
-        the same order and do not deadlock.
-        """
-
-        def lock_order(index: int) -> tuple[str, str]:
-            request = items[index][1]
-            if request.resource_key is not None:  # one resource: first come, first served
-                return request.resource_key, ""
-            return "", request.operation_key or ""
-
-        order = sorted(range(len(items)), key=lock_order)
-
-        def op(tx: Tx) -> list[Begun | None]:
-            now = tx.now()
-            results: list[Begun | None] = [None] * len(items)
-            for index in order:
-                guard, request = items[index]
-                try:
-                    with tx.savepoint():
-                        results[index] = self._begin_one(tx, guard, request, now)
-                except LeaseLostError:
-                    results[index] = None
-            return results
-
-        return self.driver.write(op)
 
     def _insert_step(
         self, tx: Tx, guard: Guard, key: str, name: str, result_json: str, now: float
@@ -917,6 +1162,16 @@ class SQLStore:
         if added:
             self.driver.jobs_added(added)
         return jobs
+
+
+def _lock_order(request: BeginRequest | None) -> tuple[str, str]:
+    """Begins of one batch lock rows in this order, so two workers beginning overlapping batches
+    do not deadlock: by resource key (first come, first served), then unlocked ones by
+    operation key."""
+    assert request is not None
+    if request.resource_key is not None:
+        return request.resource_key, ""
+    return "", request.operation_key or ""
 
 
 # Which columns of each per-queue read feed QueueStats.

@@ -42,8 +42,10 @@ Q = load_queries("jobguard.backends.sqlite")
 IDENTITY_CHECK_EVERY_S = 2.0
 
 
-# The parameters that carry lists; they reach SQLite as JSON text, read back with json_each.
-_LIST_PARAMS = frozenset({"ids", "tokens", "queues"})
+# The parameters that carry lists (``items``: of records); they reach SQLite as JSON text, read
+# back with json_each. Text is kept as it is (not \u-escaped), so text SQLite cannot store is
+# refused here as in any other parameter.
+_LIST_PARAMS = frozenset({"ids", "tokens", "queues", "items"})
 
 
 class SQLiteTx(NamedStatements):
@@ -60,7 +62,10 @@ class SQLiteTx(NamedStatements):
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> sqlite3.Cursor:
         if not _LIST_PARAMS.isdisjoint(params):
-            params = {k: json.dumps(v) if k in _LIST_PARAMS else v for k, v in params.items()}
+            params = {
+                k: json.dumps(v, ensure_ascii=False) if k in _LIST_PARAMS else v
+                for k, v in params.items()
+            }
         if self._conn.row_factory is sqlite3.Row:  # the store's own connections: the hot path
             return self._conn.execute(Q[name], params)
         cursor = self._conn.cursor()
@@ -230,15 +235,15 @@ class SQLiteDriver:
         """Wake idle workers on this host (any queue: the wake-up is cheap, the check is too)."""
         self._waker.notify()
 
-    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
-        """Sleep until an enqueue on this host wakes us, or ``timeout_s``.
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> bool:
+        """Sleep until an enqueue on this host wakes us (True), or ``timeout_s``.
 
         Also notices a store file that was deleted or replaced under a running worker, which
         would otherwise go on reading the old file and never see a new job.
         """
         deep = time.monotonic() - self._identity_checked >= IDENTITY_CHECK_EVERY_S
         self._check_file(deep=deep)
-        self._waker.wait(timeout_s)
+        return self._waker.wait(timeout_s)
 
     def close(self) -> None:
         """Close this process's connections and its wake-up socket."""

@@ -80,10 +80,77 @@ UPDATE jobs SET available_at = :now + :visibility_timeout_s
 WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
 
 -- name: finish_job
+-- Only with every proof in place: the lease, the newest fence of the lock (if any), and the
+-- operation's claim (if the finish completes one). Changes no row otherwise.
 UPDATE jobs
 SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = :now,
     last_error = NULL
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running'
+  AND (:resource IS NULL
+       OR NOT EXISTS (SELECT 1 FROM locks WHERE resource = :resource AND fence > :fence))
+  AND (:key IS NULL
+       OR EXISTS (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token));
+
+-- name: finish_jobs
+-- Many finishes at once (:items, a JSON array of job_id, lease_token, resource, fence, key),
+-- each only with every proof in place, as finish_job. Returns the ids it finished.
+UPDATE jobs
+SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = :now,
+    last_error = NULL
+FROM (SELECT json_extract(value, '$.job_id') AS job_id,
+             json_extract(value, '$.lease_token') AS lease_token,
+             json_extract(value, '$.resource') AS resource,
+             json_extract(value, '$.fence') AS fence,
+             json_extract(value, '$.key') AS key
+      FROM json_each(:items)) AS item
+WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND jobs.status = 'running'
+  AND (item.resource IS NULL
+       OR NOT EXISTS (SELECT 1 FROM locks
+                      WHERE locks.resource = item.resource AND locks.fence > item.fence))
+  AND (item.key IS NULL
+       OR EXISTS (SELECT 1 FROM operations
+                  WHERE operations.key = item.key AND operations.owner_lease = item.lease_token))
+RETURNING jobs.id;
+
+-- name: complete_operations
+-- complete_operation for many (:items: key, owner_lease, result, external_ref, fence).
+UPDATE operations
+SET status = 'completed', result = item.result, external_ref = item.external_ref,
+    fence = item.fence, owner_lease = NULL, updated_at = :now, completed_at = :now,
+    last_error = NULL
+FROM (SELECT json_extract(value, '$.key') AS key,
+             json_extract(value, '$.owner_lease') AS owner_lease,
+             json_extract(value, '$.result') AS result,
+             json_extract(value, '$.external_ref') AS external_ref,
+             json_extract(value, '$.fence') AS fence
+      FROM json_each(:items)) AS item
+WHERE operations.key = item.key AND operations.owner_lease = item.owner_lease
+  AND operations.status = 'processing';
+
+-- name: close_attempts
+-- close_attempt for many finished deliveries (:items: attempt_id, outcome, duration_s,
+-- lock_owner, fence, steps_run, steps_skipped); a finish records no error.
+UPDATE attempts
+SET outcome = item.outcome, ended_at = :now, duration_s = item.duration_s, error_type = NULL,
+    error_message = NULL, traceback = NULL, lock_owner = item.lock_owner, fence = item.fence,
+    steps_run = item.steps_run, steps_skipped = item.steps_skipped
+FROM (SELECT json_extract(value, '$.attempt_id') AS attempt_id,
+             json_extract(value, '$.outcome') AS outcome,
+             json_extract(value, '$.duration_s') AS duration_s,
+             json_extract(value, '$.lock_owner') AS lock_owner,
+             json_extract(value, '$.fence') AS fence,
+             json_extract(value, '$.steps_run') AS steps_run,
+             json_extract(value, '$.steps_skipped') AS steps_skipped
+      FROM json_each(:items)) AS item
+WHERE attempts.id = item.attempt_id;
+
+-- name: release_locks
+-- release_lock for many (:items: resource, owner).
+UPDATE locks SET owner = NULL, expires_at = NULL
+FROM (SELECT json_extract(value, '$.resource') AS resource,
+             json_extract(value, '$.owner') AS owner
+      FROM json_each(:items)) AS item
+WHERE locks.resource = item.resource AND locks.owner = item.owner;
 
 -- name: retry_job
 UPDATE jobs
@@ -165,6 +232,38 @@ ON CONFLICT (resource) DO UPDATE
 SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
 WHERE locks.owner IS NULL OR locks.expires_at <= :now
 RETURNING fence;
+
+-- name: grant_locks
+-- grant_lock for many distinct resources (:items: resource, owner, expires_at). Returns the
+-- granted ones. (WHERE true: SQLite's parser needs it before ON CONFLICT after a SELECT.)
+INSERT INTO locks (resource, owner, fence, expires_at)
+SELECT json_extract(value, '$.resource'), json_extract(value, '$.owner'), 1,
+       json_extract(value, '$.expires_at')
+FROM json_each(:items) WHERE true
+ON CONFLICT (resource) DO UPDATE
+SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
+WHERE locks.owner IS NULL OR locks.expires_at <= :now
+RETURNING resource, fence;
+
+-- name: attempt_locks
+-- attempt_lock for many (:items: attempt_id, lock_owner, fence).
+UPDATE attempts SET lock_owner = item.lock_owner, fence = item.fence
+FROM (SELECT json_extract(value, '$.attempt_id') AS attempt_id,
+             json_extract(value, '$.lock_owner') AS lock_owner,
+             json_extract(value, '$.fence') AS fence
+      FROM json_each(:items)) AS item
+WHERE attempts.id = item.attempt_id;
+
+-- name: insert_operations
+-- insert_operation for many distinct keys (:items: key, resource_key, owner_lease, fence);
+-- returns the rows it inserted (keys already recorded are left alone).
+INSERT INTO operations (key, status, resource_key, owner_lease, attempts, fence, created_at,
+                        updated_at)
+SELECT json_extract(value, '$.key'), 'processing', json_extract(value, '$.resource_key'),
+       json_extract(value, '$.owner_lease'), 1, json_extract(value, '$.fence'), :now, :now
+FROM json_each(:items) WHERE true
+ON CONFLICT (key) DO NOTHING
+RETURNING *;
 
 -- name: renew_lock
 UPDATE locks SET expires_at = :expires_at WHERE resource = :resource AND owner = :owner;

@@ -52,17 +52,18 @@ class Waker:
                 except OSError:
                     continue  # full buffer: that worker has wake-ups pending already
 
-    def wait(self, timeout_s: float) -> None:
-        """Block until a wake-up arrives or ``timeout_s`` passes; drain what arrived."""
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a wake-up arrives (True) or ``timeout_s`` passes; drain what arrived."""
         sock = self._socket()
         if sock is None:
             select.select([], [], [], timeout_s)
-            return
+            return False
         ready, _, _ = select.select([sock], [], [], timeout_s)
         if ready:
             with contextlib.suppress(BlockingIOError):
                 while sock.recv(64):
                     pass
+        return bool(ready)
 
     def _socket(self) -> socket.socket | None:
         if self._sock is not None and self._pid == os.getpid():
