@@ -221,9 +221,6 @@ class QueuePort(Protocol):
     def get_job(self, job_id: int) -> Job:
         """Return one job; :class:`~jobguard.exceptions.NotFoundError` if there is none."""
 
-    def list_jobs(self, status: JobStatus | None = None, limit: int = 100) -> list[Job]:
-        """Newest jobs first, optionally of one status."""
-
     def count_jobs(self) -> dict[JobStatus, int]:
         """How many jobs are in each state."""
 
