@@ -390,5 +390,13 @@ class Backend(QueuePort, LockPort, OperationPort, AttemptPort, InspectPort, Sche
     def now(self) -> float:
         """The store clock, in seconds since the epoch (leases and locks expire on it)."""
 
+    def check_usable(self) -> None:
+        """Raise :class:`~jobguard.exceptions.StoreBrokenError` if the store is no longer usable.
+
+        That is, its SQLite file was deleted or replaced: the connections that had it open still
+        answer, from the old file. Cheap enough for every pass of a loop;
+        :meth:`QueuePort.wait_for_jobs` checks the same.
+        """
+
     def close(self) -> None:
         """Close connections; the backend may not be used afterwards."""

@@ -84,6 +84,9 @@ class SQLStore:
         """The store clock."""
         return self.driver.now()
 
+    def check_usable(self) -> None:
+        """Nothing to check by default: a database server's errors surface on use."""
+
     # -- guards ---------------------------------------------------------------------------------
 
     @staticmethod
