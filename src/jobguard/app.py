@@ -427,7 +427,7 @@ class App:
     def jobs(self, status: JobStatus | str | None = None, limit: int = 100) -> list[Job]:
         """Newest jobs first, optionally of one status."""
         limit = checks.count("limit", limit)
-        return self.backend.list_jobs(JobStatus(status) if status else None, limit)
+        return self.backend.find_jobs(status=JobStatus(status) if status else None, limit=limit)
 
     def counts(self) -> dict[JobStatus, int]:
         """How many jobs are in each state."""

@@ -108,8 +108,15 @@ class Scheduler:
         self._stop_requested = True
 
     def run_pending(self) -> list[Job]:
-        """One pass: enqueue every due tick of every schedule; return the jobs this call stored."""
+        """One pass: enqueue every due tick of every schedule; return the jobs this call stored.
+
+        Raises :class:`~jobguard.exceptions.StoreBrokenError` if the store cannot be used as it
+        is: its SQLite file deleted or replaced (checked before anything is read), or read-only.
+        """
         backend = self.app.backend
+        # A deleted or replaced SQLite file still answers reads and writes on the connections
+        # that had it open: without this check the loop would go on ticking into a ghost file.
+        backend.check_usable()
         cursors = {state.name: state.cursor for state in backend.schedule_states()}
         stored: list[Job] = []
         for schedule in self.schedules:
@@ -136,8 +143,9 @@ class Scheduler:
     def run(self, once: bool = False) -> SchedulerStats:
         """Make passes until stopped (SIGTERM, SIGINT or :meth:`stop`); ``once``: one pass.
 
-        A store that cannot be used as it is (:class:`~jobguard.exceptions.StoreBrokenError`)
-        ends the loop too, with the error in :attr:`failure`; other store errors are retried.
+        A store that cannot be used as it is (:class:`~jobguard.exceptions.StoreBrokenError`:
+        read-only, or its SQLite file deleted or replaced) ends the loop too, with the error in
+        :attr:`failure`; other store errors are retried.
         """
         restore = self._install_signals()
         try:
@@ -145,7 +153,8 @@ class Scheduler:
                 try:
                     self.run_pending()
                 except StoreBrokenError as exc:
-                    # Retrying cannot help (read-only, say): stop and say why, as a worker does.
+                    # Retrying cannot help (read-only, file replaced): stop and say why, as a
+                    # worker does.
                     log.error("stopping: %s", exc)
                     self.app.hooks.store_error("schedule", exc)
                     self.failure = exc

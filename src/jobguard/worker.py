@@ -21,13 +21,11 @@ import logging
 import os
 import queue as queue_module
 import random
-import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
 from jobguard.aio import EventLoopThread
@@ -44,6 +42,7 @@ from jobguard.exceptions import (
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Outcome
 from jobguard.pipeline import Pipeline, Settled
+from jobguard.process import on_stop_signals
 from jobguard.scheduler import Scheduler
 from jobguard.task import check_queue_name
 
@@ -198,7 +197,11 @@ class Worker:
     # -- public ---------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Ask the worker to stop fetching and shut down gracefully."""
+        """Ask the worker to stop fetching and shut down gracefully.
+
+        Safe from any thread, but it takes locks: not from inside a signal handler of your own
+        (:func:`jobguard.process.on_stop_signals` calls it off the handler).
+        """
         self._stopping.set()
         with self._slot_freed:
             self._slot_freed.notify_all()
@@ -465,22 +468,13 @@ class Worker:
         self.app.hooks.worker_stopped(self.worker_id, self.stats.released)
 
     def _install_signals(self) -> Callable[[], None]:
-        on_main = threading.current_thread() is threading.main_thread()
-        if not self.install_signal_handlers or not on_main:
+        if not self.install_signal_handlers:
             return lambda: None
+        return on_stop_signals(self._on_signal)
 
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            if self._stopping.is_set():
-                self.grace_s = 0.0  # a second signal: stop waiting for running jobs
-            log.info("signal %d: stopping gracefully", signum)
-            # Only set the event: this runs on the main thread, which may be holding the
-            # (non-reentrant) in-flight lock right now; every wait on it has a short timeout.
-            self._stopping.set()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        return restore
+    def _on_signal(self, signum: int) -> None:
+        """SIGTERM or SIGINT, handled off the signal handler (see :func:`on_stop_signals`)."""
+        if self._stopping.is_set():
+            self.grace_s = 0.0  # a second signal: stop waiting for running jobs
+        log.info("signal %d: stopping gracefully", signum)
+        self.stop()

@@ -383,7 +383,7 @@ class JobMachine(StoreMachine):
     @invariant()
     def store_follows_the_transition_table(self) -> None:
         """Every job's state and charged attempts are what TRANSITIONS and the model predict."""
-        stored = {job.id: job for job in self.backend.list_jobs(limit=10_000)}
+        stored = {job.id: job for job in self.backend.find_jobs(limit=10_000)}
         assert stored.keys() == self.model.keys()
         for job_id, expected in self.model.items():
             job = stored[job_id]

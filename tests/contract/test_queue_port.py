@@ -574,9 +574,9 @@ def test_list_count_and_dead_jobs_report_what_is_stored(
         JobStatus.COMPLETED: 1,
         JobStatus.DEAD: 2,
     }
-    assert [j.id for j in backend.list_jobs()] == [d.id, c.id, b.id, a.id]
-    assert [j.id for j in backend.list_jobs(limit=2)] == [d.id, c.id]
-    assert [j.id for j in backend.list_jobs(JobStatus.DEAD)] == [b.id, a.id]
+    assert [j.id for j in backend.find_jobs()] == [d.id, c.id, b.id, a.id]
+    assert [j.id for j in backend.find_jobs(limit=2)] == [d.id, c.id]
+    assert [j.id for j in backend.find_jobs(status=JobStatus.DEAD)] == [b.id, a.id]
     assert [j.id for j in backend.dead_jobs()] == [b.id, a.id]  # most recently buried first
 
 

@@ -49,7 +49,7 @@ def test_a_cursor_moves_only_from_the_value_read(backend: Backend) -> None:
     assert backend.advance_schedule("report", None, 100, []) == []
     assert backend.advance_schedule("report", None, 160, [(160, tick_spec(160))]) is None
     assert backend.advance_schedule("report", 40, 160, [(160, tick_spec(160))]) is None
-    assert backend.list_jobs() == []
+    assert backend.find_jobs() == []
     moved = backend.advance_schedule("report", 100, 160, [(160, tick_spec(160))])
     assert moved is not None
     assert backend.advance_schedule("report", 100, 220, [(220, tick_spec(220))]) is None
@@ -98,4 +98,4 @@ def test_concurrent_advances_from_one_cursor_let_exactly_one_through(backend: Ba
     for thread in threads:
         thread.join()
     assert sum(result is not None for result in results) == 1
-    assert len(backend.list_jobs()) == 1
+    assert len(backend.find_jobs()) == 1

@@ -1,5 +1,5 @@
-"""A worker whose store became unusable under it stops and says why, instead of polling a file
-nobody writes to or retrying forever."""
+"""A worker or scheduler whose store became unusable under it stops and says why, instead of
+polling a file nobody writes to or retrying forever."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import sqlite3
 import subprocess
 import textwrap
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from tests.support.procs import clean_env, entry_point, wait_until
 
 TASKS = textwrap.dedent(
     """
+    from datetime import datetime, timedelta
+
     from jobguard import App, Context
 
     app = App("sqlite:///jobs.db")
@@ -31,42 +34,89 @@ TASKS = textwrap.dedent(
     @app.task
     def noop(ctx: Context) -> None:
         pass
+
+
+    @app.periodic(every=timedelta(hours=1))
+    def hourly(ctx: Context, tick: datetime) -> None:
+        pass
     """
 )
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
-def test_a_worker_whose_sqlite_file_is_deleted_or_replaced_stops_with_exit_3(
-    tmp_path: Path, how: str
-) -> None:
+@contextmanager
+def running(tmp_path: Path, command: str) -> Iterator[subprocess.Popen[str]]:
+    """`jobguard --app tasks:app COMMAND` on jobs.db in ``tmp_path``, killed if left running."""
     (tmp_path / "tasks.py").write_text(TASKS)
     env = clean_env()
     env["PYTHONPATH"] = str(tmp_path)
     proc = subprocess.Popen(
-        [*entry_point(), "--app", "tasks:app", "worker"],
+        [*entry_point(), "--app", "tasks:app", command],
         cwd=tmp_path,
         env=env,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert proc.stderr is not None
-        assert "on queues" in proc.stderr.readline()
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{tmp_path / 'jobs.db'}{suffix}").unlink(missing_ok=True)
-        if how == "replaced":
-            SQLiteBackend(str(tmp_path / "jobs.db")).close()  # a new, empty store at the path
-        code = proc.wait(timeout=30)
-        stderr = proc.stderr.read()
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def remove_store_and_wait(proc: subprocess.Popen[str], tmp_path: Path, how: str) -> None:
+    """Delete the store's files (and with ``replaced`` make a new store there); the process must
+    then stop with exit 3 and say why in one line."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp_path / 'jobs.db'}{suffix}").unlink(missing_ok=True)
+    if how == "replaced":
+        SQLiteBackend(str(tmp_path / "jobs.db")).close()  # a new, empty store at the path
+    code = proc.wait(timeout=30)
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
     assert code == 3, stderr
+    assert "error: store unavailable: the SQLite file" in stderr
     assert "was deleted or replaced while in use" in stderr
     assert "Traceback" not in stderr
+
+
+def hourly_schedule_recorded(tmp_path: Path) -> Callable[[], bool]:
+    """Whether the scheduler's first pass has written the schedule's cursor."""
+
+    def recorded() -> bool:
+        app = App(f"sqlite:///{tmp_path / 'jobs.db'}")
+        try:
+            return any(state.name == "tasks.hourly" for state in app.backend.schedule_states())
+        finally:
+            app.close()
+
+    return recorded
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_worker_whose_sqlite_file_is_deleted_or_replaced_stops_with_exit_3(
+    tmp_path: Path, how: str
+) -> None:
+    with running(tmp_path, "worker") as proc:
+        assert proc.stderr is not None
+        assert "on queues" in proc.stderr.readline()
+        remove_store_and_wait(proc, tmp_path, how)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_scheduler_whose_sqlite_file_is_deleted_or_replaced_stops_with_exit_3(
+    tmp_path: Path, how: str
+) -> None:
+    """Between two ticks a scheduler only reads, which the old file still answers: it must
+    notice the file itself, as a worker does."""
+    with running(tmp_path, "scheduler") as proc:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("scheduler ")
+        # The first pass wrote the cursor; the next tick is up to an hour away.
+        wait_until(hourly_schedule_recorded(tmp_path))
+        remove_store_and_wait(proc, tmp_path, how)
 
 
 def test_a_read_only_database_is_a_broken_store_not_a_passing_outage() -> None:

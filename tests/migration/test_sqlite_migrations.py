@@ -139,7 +139,7 @@ def test_a_file_versioned_in_user_version_moves_to_the_version_table(db_path: Pa
         )
     backend = SQLiteBackend(str(db_path))
     try:
-        assert [job.task for job in backend.list_jobs()] == ["t"]
+        assert [job.task for job in backend.find_jobs()] == ["t"]
     finally:
         backend.close()
     with closing(sqlite3.connect(db_path)) as conn:

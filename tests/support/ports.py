@@ -49,5 +49,7 @@ def begin_operation(
     """
     request = BeginRequest(resource_key=resource_key, operation_key=key)
     begun = backend.begin(guard, request)
-    assert begun.busy is None or begun.operation is None
+    # The port's promise: the operation (claimed, or already completed), or why it must wait;
+    # never both, never neither.
+    assert (begun.operation is None) == (begun.busy is not None), begun
     return begun.operation

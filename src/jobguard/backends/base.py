@@ -230,9 +230,6 @@ class QueuePort(Protocol):
     def get_job(self, job_id: int) -> Job:
         """Return one job; :class:`~jobguard.exceptions.NotFoundError` if there is none."""
 
-    def list_jobs(self, status: JobStatus | None = None, limit: int = 100) -> list[Job]:
-        """Newest jobs first, optionally of one status."""
-
     def count_jobs(self) -> dict[JobStatus, int]:
         """How many jobs are in each state."""
 
@@ -411,6 +408,14 @@ class Backend(QueuePort, LockPort, OperationPort, AttemptPort, InspectPort, Sche
 
     def now(self) -> float:
         """The store clock, in seconds since the epoch (leases and locks expire on it)."""
+
+    def check_usable(self) -> None:
+        """Raise :class:`~jobguard.exceptions.StoreBrokenError` if the store is no longer usable.
+
+        That is, its SQLite file was deleted or replaced: the connections that had it open still
+        answer, from the old file. Cheap enough for every pass of a loop;
+        :meth:`QueuePort.wait_for_jobs` checks the same.
+        """
 
     def close(self) -> None:
         """Close connections; the backend may not be used afterwards."""

@@ -54,14 +54,18 @@ def scheduler(
     )
     # A graceful stop from now on: run() installs its own handlers, but only while it runs.
     stop_on_signals(runner.stop)
+    # Open the store before saying so, as a worker does: from the line on, it runs on that
+    # store, and a file deleted or replaced under it is noticed.
+    _ = app.backend
     listed = ", ".join(s.name for s in runner.schedules)
     click.echo(f"scheduler {runner.scheduler_id} for {listed}", err=True)
     stats = runner.run(once=once)
     ignore_stop_signals()  # stopped and exiting: a late signal must not kill it
     click.echo(f"scheduler stopped: enqueued {stats.enqueued} in {stats.passes} passes", err=True)
     if runner.failure is not None:
-        click.echo(f"error: {runner.failure}", err=True)
-        raise SystemExit(3)
+        # Its store cannot be used (file deleted or replaced, or read-only): exit 3 with the
+        # same error line as a worker's.
+        raise runner.failure
 
 
 def _iso(tick: int | None, schedule: Schedule) -> str | None:

@@ -1,7 +1,7 @@
 """What the diagnostics look at: recent attempts, the jobs behind them, their operation records.
 
 This is the only module of the package that touches the store, and only through the ports
-(:meth:`~jobguard.backends.base.AttemptPort.attempts`, ``list_jobs``, ``get_job`` and
+(:meth:`~jobguard.backends.base.AttemptPort.attempts`, ``find_jobs``, ``get_job`` and
 ``get_operation``); every check is a pure function over the :class:`Snapshot` it returns.
 """
 
@@ -92,7 +92,7 @@ def read_snapshot(
     )
     jobs: dict[int, Job] = {}
     for status in (None, JobStatus.QUEUED, JobStatus.RUNNING):
-        jobs.update((job.id, job) for job in backend.list_jobs(status, limit))
+        jobs.update((job.id, job) for job in backend.find_jobs(status=status, limit=limit))
     for job_id in sorted({attempt.job_id for attempt in attempts} - set(jobs)):
         try:
             jobs[job_id] = backend.get_job(job_id)

@@ -7,11 +7,6 @@ SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 -- name: job_by_id_for_update
 SELECT * FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE;
 
--- name: jobs_by_status
-SELECT * FROM {schema}.jobs
-WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
-ORDER BY id DESC LIMIT %(limit)s;
-
 -- name: count_by_status
 SELECT status, count(*) AS n FROM {schema}.jobs GROUP BY status;
 

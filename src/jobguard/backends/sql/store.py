@@ -96,6 +96,9 @@ class SQLStore:
         """The store clock."""
         return self.driver.now()
 
+    def check_usable(self) -> None:
+        """Nothing to check by default: a database server's errors surface on use."""
+
     # -- guards ---------------------------------------------------------------------------------
 
     @staticmethod
@@ -795,11 +798,6 @@ class SQLStore:
         if not found:
             raise NotFoundError(f"no job with id {job_id}")
         return rows.job(found[0])
-
-    def list_jobs(self, status: JobStatus | None = None, limit: int = 100) -> list[Job]:
-        """Newest first, optionally filtered by status."""
-        params = {"status": status.value if status else None, "limit": limit}
-        return [rows.job(row) for row in self._read_all("jobs_by_status", params)]
 
     def count_jobs(self) -> dict[JobStatus, int]:
         """Jobs per state (every state present, zero if none)."""

@@ -175,6 +175,14 @@ class SQLiteDriver:
             self._check_file(deep=True)
             raise StoreUnavailableError(f"SQLite read failed: {exc}") from exc
 
+    def check_file(self) -> None:
+        """Raise :class:`StoreBrokenError` if the file was deleted or replaced since it was opened.
+
+        Cheap enough for every pass of a loop: one ``stat``, and the deep read of the file's
+        identity at most every :data:`IDENTITY_CHECK_EVERY_S`.
+        """
+        self._check_file(deep=time.monotonic() - self._identity_checked >= IDENTITY_CHECK_EVERY_S)
+
     def _check_file(self, *, deep: bool = False) -> None:
         """Raise :class:`StoreBrokenError` if the file is no longer the one this store opened.
 
@@ -189,7 +197,7 @@ class SQLiteDriver:
         if replaced:
             raise StoreBrokenError(
                 f"the SQLite file {self.path!r} was deleted or replaced while in use; "
-                "restart the worker on the current file"
+                "restart the process on the current file"
             )
 
     def adopt(self, connection: Any) -> SQLiteTx:
@@ -241,8 +249,7 @@ class SQLiteDriver:
         Also notices a store file that was deleted or replaced under a running worker, which
         would otherwise go on reading the old file and never see a new job.
         """
-        deep = time.monotonic() - self._identity_checked >= IDENTITY_CHECK_EVERY_S
-        self._check_file(deep=deep)
+        self.check_file()
         return self._waker.wait(timeout_s)
 
     def close(self) -> None:

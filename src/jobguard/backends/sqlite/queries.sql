@@ -8,9 +8,6 @@ SELECT * FROM jobs WHERE id = :id;
 -- Writes are serialised by the database lock: nothing to lock row by row.
 SELECT * FROM jobs WHERE id = :id;
 
--- name: jobs_by_status
-SELECT * FROM jobs WHERE (:status IS NULL OR status = :status) ORDER BY id DESC LIMIT :limit;
-
 -- name: count_by_status
 SELECT status, count(*) AS n FROM jobs GROUP BY status;
 
