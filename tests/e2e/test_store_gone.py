@@ -8,14 +8,14 @@ import sqlite3
 import subprocess
 import textwrap
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from jobguard import App, Context
-from jobguard.backends.base import DeliveryRules
+from jobguard.backends.base import BeginRequest, DeliveryRules, Prepared
 from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.backends.sqlite.connection import _wrap
 from jobguard.exceptions import StoreBrokenError
@@ -132,16 +132,17 @@ class TurnsReadOnly(SQLiteBackend):
 
     read_only = False
 
-    def fetch(
+    def fetch_prepared(
         self,
         queues: Sequence[str],
         limit: int,
         worker_id: str,
-        rules: dict[str, DeliveryRules] | None = None,  # type: ignore[override]
-    ) -> list[Delivery]:
+        rules: Mapping[str, DeliveryRules] | None = None,
+        begin: Callable[[Delivery], BeginRequest | None] | None = None,
+    ) -> list[Prepared]:
         if self.read_only:
             raise _wrap(sqlite3.OperationalError("attempt to write a readonly database"))
-        return super().fetch(queues, limit, worker_id, rules)
+        return super().fetch_prepared(queues, limit, worker_id, rules, begin)
 
 
 def test_a_burst_worker_on_a_store_that_turned_read_only_stops_instead_of_looping(
@@ -159,8 +160,12 @@ def test_a_burst_worker_on_a_store_that_turned_read_only_stops_instead_of_loopin
     worker = app.worker(concurrency=1, prefetch=0, install_signal_handlers=False, grace_s=1.0)
     runner = threading.Thread(target=worker.run, kwargs={"burst": True}, daemon=True)
     runner.start()
-    wait_until(lambda: not runner.is_alive(), timeout_s=30)
-    assert isinstance(worker.failure, StoreBrokenError)
-    assert "cannot be written" in str(worker.failure)
-    app.close()
+    try:
+        wait_until(lambda: not runner.is_alive(), timeout_s=30)
+        assert isinstance(worker.failure, StoreBrokenError)
+        assert "cannot be written" in str(worker.failure)
+    finally:
+        worker.stop()
+        runner.join(10)
+        app.close()
     os.sync()
