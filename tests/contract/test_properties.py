@@ -34,7 +34,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobguard.backends.base import Backend, Closing, ErrorInfo
+from jobguard.backends.base import Backend, Closing, ErrorInfo, FinishRequest
 from jobguard.core import fencing
 from jobguard.core.states import Event, next_status
 from jobguard.exceptions import LeaseLostError, NotFoundError
@@ -325,6 +325,33 @@ class JobMachine(StoreMachine):
             with pytest.raises(LeaseLostError):
                 self._write(event, guard, 1.0)
             assert self._snapshot(delivery.job_id) == before
+
+    @precondition(lambda self: len(self.issued) >= 2)
+    @rule(picks=st.lists(PICK, min_size=2, max_size=4, unique=True))
+    def finish_a_batch(self, picks: list[int]) -> None:
+        """One batch of acks mixing current and stale leases (the worker's ack thread): each
+        item is acked or refused on its own, and a refused one changes nothing."""
+        chosen = list(
+            {id(d): d for d in (self.issued[p % len(self.issued)] for p in picks)}.values()
+        )
+        kinds = [self._kind(d) for d in chosen]
+        finished_jobs = {d.job_id for d, k in zip(chosen, kinds, strict=True) if k == "current"}
+        before = {d.job_id: self._snapshot(d.job_id) for d in chosen}
+        requests = [
+            FinishRequest(Guard(d.job_id, d.lease_token, d.attempt_id), CLOSING, Outcome.COMPLETED)
+            for d in chosen
+        ]
+        refusals = self.backend.finish_many(requests)
+        for delivery, kind, refusal in zip(chosen, kinds, refusals, strict=True):
+            if kind != "current":
+                assert isinstance(refusal, LeaseLostError)
+                if delivery.job_id not in finished_jobs:
+                    assert self._snapshot(delivery.job_id) == before[delivery.job_id]
+                continue
+            assert refusal is None
+            job = self.model[delivery.job_id]
+            job.status = next_status(job.status, Event.FINISH)
+            job.lease_token = None
 
     # One rule per event, so each gets its own share of the steps.
 

@@ -720,6 +720,25 @@ def test_the_fetching_workers_attempt_limit_decides_when_a_lost_job_is_buried(
     assert backend.get_job(job.id).status == JobStatus.DEAD
 
 
+def test_a_batch_of_acks_with_a_stale_and_the_current_lease_of_one_job_acks_only_the_current(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """Both deliveries of a redelivered job can sit in one worker's ack batch: the current one
+    is acked, the stale one refused, and the stale one's attempt keeps its own outcome."""
+    job = backend.enqueue(make_spec(visibility_timeout_s=5.0))
+    stale = fetch_one(backend)
+    clock.advance(6.0)
+    current = fetch_one(backend, worker="w2")
+    refusals = backend.finish_many(
+        [FinishRequest(guard_of(stale), CLOSING), FinishRequest(guard_of(current), CLOSING)]
+    )
+    assert isinstance(refusals[0], LeaseLostError)
+    assert refusals[1] is None
+    assert backend.get_job(job.id).status == JobStatus.COMPLETED
+    outcomes = [attempt.outcome for attempt in backend.attempts(job_id=job.id)]
+    assert outcomes == [Outcome.LOST, Outcome.COMPLETED]
+
+
 def test_one_finish_the_store_cannot_write_does_not_undo_the_others(backend: Backend) -> None:
     """A batch of acks with one unstorable value (a lone surrogate in its external reference):
     the others are acked, the bad one is left running on its lease, and its error names it."""

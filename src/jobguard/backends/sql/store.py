@@ -577,6 +577,10 @@ class SQLStore:
     ) -> list[JobGuardError | None]:
         """Every finish of the batch in four statements: jobs finished where every proof holds,
         then their operations completed, attempts closed and locks released."""
+        if len({request.guard.job_id for request in requests}) < len(requests):
+            # Two deliveries of one job (a stale lease and the current one): what finish_jobs
+            # returns (job ids) cannot tell them apart, so the careful path takes them in turn.
+            raise _RedoCarefully()
         claims = [_claim_of(request) for request in requests]
         items = [
             {
