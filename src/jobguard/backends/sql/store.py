@@ -298,8 +298,10 @@ class SQLStore:
         *,
         careful: bool,
     ) -> list[Prepared]:
-        """Begin deliveries leased in this transaction, in :func:`_lock_order`: as a set (a few
-        statements for the batch), or ``careful``-ly one at a time, each in a savepoint."""
+        """Begin deliveries leased in this transaction, one by one in :func:`_lock_order`, or
+        as a set (a few statements for the batch) when no two of them ask for the same
+        resource or operation, so that none depends on what another got; ``careful``-ly, each
+        in a savepoint."""
         requests = [self._request_of(begin, delivery, careful) for delivery in deliveries]
         wanted = [index for index, request in enumerate(requests) if request is not None]
         order = sorted(wanted, key=lambda i: _lock_order(requests[i]))
@@ -307,7 +309,13 @@ class SQLStore:
         begun: list[Begun | None] = [None] * len(deliveries)
         if not careful:
             try:
-                self._begin_set(tx, guards, requests, order, begun, now)
+                if _independent([requests[index] for index in order]):
+                    self._begin_set(tx, guards, requests, order, begun, now)
+                else:
+                    for index in order:
+                        request = requests[index]
+                        assert request is not None
+                        begun[index] = self._begin_one(tx, guards[index], request, now, leased=True)
             except Exception as exc:
                 raise _RedoCarefully() from exc
         else:
@@ -333,22 +341,19 @@ class SQLStore:
         begun: list[Begun | None],
         now: float,
     ) -> None:
-        """:meth:`_begin_one` for a batch of fresh deliveries, with the same outcome as taking
-        them one by one in ``order``: one statement grants every lock asked for, one records
-        the grants on the attempts, one inserts every new operation; only operations already
-        recorded are claimed one at a time. Fills ``guards`` (grants) and ``begun``."""
+        """:meth:`_begin_one` for a batch of fresh deliveries that ask for distinct resources
+        and operations: one statement grants every lock, one records the grants on the
+        attempts, one inserts every new operation; only operations already recorded are
+        claimed one at a time. Fills ``guards`` (grants) and ``begun``."""
         wanted = {index: request for index in order if (request := requests[index]) is not None}
         self._grant_set(tx, guards, wanted, begun, now)
-        # New operation keys in one insert (the first delivery of the batch per key); the rest
-        # are recorded already (or taken by an earlier delivery of this batch) and are claimed,
-        # or found busy, one at a time.
-        first: dict[str, int] = {}
-        for index, request in wanted.items():
-            key = request.operation_key
-            if begun[index] is None and key is not None:
-                first.setdefault(key, index)
+        claiming = {
+            request.operation_key: index
+            for index, request in wanted.items()
+            if begun[index] is None and request.operation_key is not None
+        }
         inserted: dict[str, Row] = {}
-        if first:
+        if claiming:
             items = [
                 {
                     "key": key,
@@ -356,7 +361,7 @@ class SQLStore:
                     "owner_lease": guards[index].lease_token,
                     "fence": _fence_of(guards[index]),
                 }
-                for key, index in first.items()
+                for key, index in claiming.items()
             ]
             found = tx.all("insert_operations", {"items": items, "now": now})
             inserted = {row["key"]: row for row in found}
@@ -366,9 +371,9 @@ class SQLStore:
                 continue
             if key is None:
                 begun[index] = Begun(grant=guard.lock)
-            elif key in inserted and first[key] == index:
+            elif key in inserted:
                 begun[index] = Begun(grant=guard.lock, operation=rows.operation(inserted[key], []))
-            else:
+            else:  # recorded already: claimed, or busy with a live delivery's claim
                 begun[index] = self._claim_or_busy(tx, guard, request, now)
 
     @staticmethod
@@ -379,16 +384,12 @@ class SQLStore:
         begun: list[Begun | None],
         now: float,
     ) -> None:
-        """Every lock of the batch in one statement. The first delivery asking for a resource
-        may get it; later ones would find it held by a live owner, so they are busy unasked."""
-        asking: dict[str, int] = {}
-        for index, request in wanted.items():
-            if request.resource_key is None:
-                continue
-            if request.resource_key in asking:
-                begun[index] = Begun(busy=BusyReason.LOCK)
-            else:
-                asking[request.resource_key] = index
+        """Every lock of the batch in one statement; the ones not granted are busy."""
+        asking = {
+            request.resource_key: index
+            for index, request in wanted.items()
+            if request.resource_key is not None
+        }
         if not asking:
             return
         items = [
@@ -1164,6 +1165,13 @@ class SQLStore:
         if added:
             self.driver.jobs_added(added)
         return jobs
+
+
+def _independent(requests: Sequence[BeginRequest | None]) -> bool:
+    """No two requests ask for the same resource or the same operation."""
+    resources = [r.resource_key for r in requests if r is not None and r.resource_key is not None]
+    keys = [r.operation_key for r in requests if r is not None and r.operation_key is not None]
+    return len(set(resources)) == len(resources) and len(set(keys)) == len(keys)
 
 
 def _lock_order(request: BeginRequest | None) -> tuple[str, str]:
