@@ -13,14 +13,21 @@ import pytest
 
 from jobguard.backends.base import (
     Backend,
+    BeginRequest,
     Closing,
     DeliveryRules,
     ErrorInfo,
     FinishRequest,
     Renewal,
 )
-from jobguard.exceptions import DuplicateJobError, JobGuardError, LeaseLostError, NotFoundError
-from jobguard.models import DeadCode, Guard, Job, JobSpec, JobStatus, Outcome
+from jobguard.exceptions import (
+    DuplicateJobError,
+    JobGuardError,
+    LeaseLostError,
+    NotFoundError,
+    StaleFenceError,
+)
+from jobguard.models import DeadCode, Guard, Job, JobSpec, JobStatus, OperationStatus, Outcome
 from jobguard.testing import ControlledClock
 from tests.support.ports import begin_operation, fetch_one, finish, guard_of
 
@@ -737,6 +744,67 @@ def test_a_batch_of_acks_with_a_stale_and_the_current_lease_of_one_job_acks_only
     assert backend.get_job(job.id).status == JobStatus.COMPLETED
     outcomes = [attempt.outcome for attempt in backend.attempts(job_id=job.id)]
     assert outcomes == [Outcome.LOST, Outcome.COMPLETED]
+
+
+def test_a_batch_of_acks_refuses_each_stale_proof_on_its_own_and_acks_the_rest(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """One ack batch: a delivery with its lock and claim in place, one whose lock was granted
+    anew after its TTL (stale fence), one whose operation was claimed by another delivery after
+    its lease ran out (claim lost), one whose job was leased again (stale lease). The first is
+    acked with its operation completed and its lock released; each other is refused with its
+    own reason, and nothing of it changes."""
+
+    def delivered(name: str, lease_s: float, lock_ttl_s: float) -> Guard:
+        backend.enqueue(make_spec(queue=name, visibility_timeout_s=lease_s))
+        delivery = fetch_one(backend, [name])
+        begun = backend.begin(
+            guard_of(delivery),
+            BeginRequest(
+                resource_key=f"res:{name}",
+                lock_owner=f"w1/{name}",
+                lock_ttl_s=lock_ttl_s,
+                operation_key=f"op:{name}",
+            ),
+        )
+        assert begun.grant is not None
+        return Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id, begun.grant)
+
+    ok = delivered("ok", 60.0, 60.0)
+    fenced = delivered("fenced", 60.0, 5.0)
+    unclaimed = delivered("unclaimed", 5.0, 60.0)
+    stale = delivered("stale", 5.0, 60.0)
+    clock.advance(6.0)
+    assert backend.acquire_lock("res:fenced", "someone-else", 30.0) is not None
+    backend.enqueue(make_spec(queue="thief", visibility_timeout_s=60.0))
+    thief = fetch_one(backend, ["thief"])
+    assert begin_operation(backend, guard_of(thief), "op:unclaimed", None) is not None
+    fetch_one(backend, ["stale"])  # the job is leased again
+    refused_before = {g.job_id: snapshot(backend, g.job_id) for g in (fenced, unclaimed, stale)}
+
+    requests = [
+        FinishRequest(guard, CLOSING, operation_key=f"op:{name}", result_json="1")
+        for guard, name in (
+            (ok, "ok"),
+            (fenced, "fenced"),
+            (unclaimed, "unclaimed"),
+            (stale, "stale"),
+        )
+    ]
+    refusals = backend.finish_many(requests)
+
+    assert refusals[0] is None
+    assert isinstance(refusals[1], StaleFenceError)
+    assert isinstance(refusals[2], LeaseLostError)
+    assert "no longer claimed" in str(refusals[2])
+    assert isinstance(refusals[3], LeaseLostError)
+    assert backend.get_job(ok.job_id).status == JobStatus.COMPLETED
+    operation = backend.get_operation("op:ok")
+    assert operation is not None
+    assert operation.status == OperationStatus.COMPLETED
+    assert backend.acquire_lock("res:ok", "next", 30.0) is not None  # released with the ack
+    for job_id, before in refused_before.items():
+        assert snapshot(backend, job_id) == before
 
 
 def test_one_finish_the_store_cannot_write_does_not_undo_the_others(backend: Backend) -> None:
