@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import json
 import secrets
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
@@ -554,6 +555,22 @@ class App:
             raise
         self._stop_renewing(stop, renewer)
         self.backend.release_lock(grant)
+
+    @contextlib.asynccontextmanager
+    async def lock_async(
+        self, resource: str, ttl_s: float = 30.0, *, renew: bool = True
+    ) -> AsyncIterator[LockGrant]:
+        """:meth:`lock` from async code (``async with``): taking, renewing and releasing the
+        lock run on threads, never on the event loop."""
+        held = self.lock(resource, ttl_s, renew=renew)
+        grant = await asyncio.to_thread(held.__enter__)
+        try:
+            yield grant
+        except BaseException as exc:
+            if not await asyncio.to_thread(held.__exit__, type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await asyncio.to_thread(held.__exit__, None, None, None)
 
     @staticmethod
     def _stop_renewing(stop: threading.Event, renewer: threading.Thread | None) -> None:

@@ -275,6 +275,11 @@ class Task:
         specs = [self.build_spec(kwargs, CallOptions()) for kwargs in arguments]
         return self.app.store_jobs(specs, connection=connection) if specs else []
 
+    async def enqueue_many_async(self, arguments: Iterable[Mapping[str, Any]]) -> list[Job]:
+        """:meth:`enqueue_many` from async code: the store call runs on a thread, not the loop."""
+        batch = list(arguments)  # an iterator is read here, on the loop, not on the thread
+        return await asyncio.to_thread(self.enqueue_many, batch)
+
     def build_spec(self, kwargs: Mapping[str, Any], options: CallOptions) -> JobSpec:
         """Validate arguments and options and build the :class:`JobSpec` (no I/O)."""
         try:
