@@ -1,12 +1,14 @@
 """The dashboard in a real headless Chromium, driven with selenium.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them); skipped with
-that reason when they are absent. The run writes the screenshots ``docs/dashboard.md`` shows
-into ``docs/images/``.
+that reason when they are absent. With ``JOBGUARD_UPDATE_SCREENSHOTS=1`` the run writes the
+screenshots ``docs/dashboard.md`` shows into ``docs/images/``; otherwise into the test's own
+temporary directory, so a test run leaves the checkout as it was.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +34,7 @@ pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
     reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
 )
-IMAGES = REPO_ROOT / "docs" / "images"
+DOCS_IMAGES = REPO_ROOT / "docs" / "images"
 TOKEN = "browser-test-token"
 SCRIPT = "<script>document.title='pwned';window.pwned=1</script>"
 
@@ -68,8 +70,16 @@ def text_of(driver: WebDriver, css: str) -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    """Where the screenshots go: the docs' images only when asked to update them."""
+    if os.environ.get("JOBGUARD_UPDATE_SCREENSHOTS") == "1":
+        return DOCS_IMAGES
+    return tmp_path / "images"
+
+
 def test_an_operator_logs_in_watches_a_queue_drain_and_replays_a_dead_job(
-    db_path: Path, served: list[Served], browser: WebDriver
+    db_path: Path, served: list[Served], browser: WebDriver, images: Path
 ) -> None:
     url = f"sqlite:///{db_path}"  # one backend: the HTTP tests cover the pages on every one
     producer: App = make_app(url)
@@ -121,15 +131,15 @@ def test_an_operator_logs_in_watches_a_queue_drain_and_replays_a_dead_job(
     browser.get(f"{base}/?since=120")
     assert int(text_of(browser, "#queue-default .depth")) == 0
     assert int(text_of(browser, "#queue-default .running")) == 0
-    IMAGES.mkdir(exist_ok=True)
-    browser.save_screenshot(str(IMAGES / "dashboard-overview.png"))
+    images.mkdir(exist_ok=True)
+    browser.save_screenshot(str(images / "dashboard-overview.png"))
 
     # The killed delivery's job: its timeline shows the lost attempt, then the one that ran.
     browser.get(f"{base}/jobs/{stalled.id}")
     outcomes = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#attempts .outcome")]
     assert outcomes == ["lost", "completed"]
     assert "victim-1" in text_of(browser, "#attempts")
-    browser.save_screenshot(str(IMAGES / "dashboard-job-timeline.png"))
+    browser.save_screenshot(str(images / "dashboard-job-timeline.png"))
 
     # The duration histogram with the visibility timeout and lock TTL drawn across it.
     browser.get(f"{base}/doctor")
@@ -137,7 +147,7 @@ def test_an_operator_logs_in_watches_a_queue_drain_and_replays_a_dead_job(
     assert "visibility timeout 2.0 s" in histogram.text
     assert "lock TTL 1.5 s" in histogram.text
     browser.execute_script("arguments[0].scrollIntoView()", histogram)
-    histogram.screenshot(str(IMAGES / "dashboard-histogram.png"))
+    histogram.screenshot(str(images / "dashboard-histogram.png"))
 
     # A dead job: a replay whose form lost its CSRF token is refused; with it, it is done.
     dead = producer.find_jobs(status=JobStatus.DEAD)
