@@ -303,15 +303,17 @@ class PostgresDriver:
         wanted = set(queues)
         deadline = time.monotonic() + timeout_s
         try:
-            while (left := deadline - time.monotonic()) > 0:
-                # Sleep in select() until the server sends something: psycopg's own timed wait
-                # for notifications wakes thousands of times a second while idle.
-                readable, _, _ = select.select([listener.fileno()], [], [], left)
-                if not readable:
-                    return False
+            while True:
+                # What has arrived already, psycopg's backlog included (a notification that came
+                # in with a command's reply is never seen by select()).
                 for notify in listener.notifies(timeout=0.0):
                     if notify.payload in wanted:
                         return True
+                left = deadline - time.monotonic()
+                # Sleep in select() until the server sends something: psycopg's own timed wait
+                # for notifications wakes thousands of times a second while idle.
+                if left <= 0 or not select.select([listener.fileno()], [], [], left)[0]:
+                    return False
         except (psycopg.Error, OSError, ValueError):
             self._drop_listener()  # listened again on the next wait; meanwhile we poll
         return False

@@ -221,11 +221,13 @@ RETURNING fence;
 
 -- name: grant_locks
 -- grant_lock for many distinct resources (%(items)s: resource, owner, expires_at), in resource
--- order so that two workers granting overlapping sets do not deadlock. Returns the granted ones.
+-- order so that two workers granting overlapping sets do not deadlock; byte order (COLLATE "C"),
+-- the order the store sorts one-by-one begins in, whatever the database's collation. Returns the
+-- granted ones.
 INSERT INTO {schema}.locks (resource, owner, fence, expires_at)
 SELECT item.resource, item.owner, 1, item.expires_at
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text, expires_at float8)
-ORDER BY item.resource
+ORDER BY item.resource COLLATE "C"
 ON CONFLICT (resource) DO UPDATE
 SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
 WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
@@ -239,13 +241,14 @@ WHERE a.id = item.attempt_id;
 
 -- name: insert_operations
 -- insert_operation for many distinct keys (%(items)s: key, resource_key, owner_lease, fence), in
--- key order; returns the rows it inserted (keys already recorded are left alone).
+-- key order (byte order, as grant_locks); returns the rows it inserted (keys already recorded
+-- are left alone).
 INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence,
                                  created_at, updated_at)
 SELECT item.key, 'processing', item.resource_key, item.owner_lease, 1, item.fence, %(now)s, %(now)s
 FROM jsonb_to_recordset(%(items)s::jsonb)
      AS item(key text, resource_key text, owner_lease text, fence bigint)
-ORDER BY item.key
+ORDER BY item.key COLLATE "C"
 ON CONFLICT (key) DO NOTHING
 RETURNING *;
 

@@ -515,6 +515,7 @@ class SQLStore:
         }
         if tx.run("finish_job", params) != 1:
             raise self._refusal(tx, request, claim_key)
+        self._drop_lock(tx, guard)  # lock rows before operation rows (see _finish_set)
         if claim_key is not None:
             completed = tx.run(
                 "complete_operation",
@@ -530,7 +531,6 @@ class SQLStore:
             if completed != 1:
                 raise messages.claim_lost(claim_key)
         self._close_attempt(tx, guard, request.closing, request.outcome, None, now)
-        self._drop_lock(tx, guard)
 
     def finish_many(self, requests: Sequence[FinishRequest]) -> list[JobGuardError | None]:
         """Ack many deliveries in one transaction, each all-or-nothing on its own.
@@ -577,7 +577,7 @@ class SQLStore:
         self, tx: Tx, requests: Sequence[FinishRequest], now: float
     ) -> list[JobGuardError | None]:
         """Every finish of the batch in four statements: jobs finished where every proof holds,
-        then their operations completed, attempts closed and locks released."""
+        then their locks released, operations completed and attempts closed."""
         if len({request.guard.job_id for request in requests}) < len(requests):
             # Two deliveries of one job (a stale lease and the current one): what finish_jobs
             # returns (job ids) cannot tell them apart, so the careful path takes them in turn.
@@ -604,6 +604,15 @@ class SQLStore:
             for request, claim, no in zip(requests, claims, refused, strict=True)
             if no is None
         ]
+        # Lock rows before operation rows, as a fetch's begin takes them: two workers, one
+        # finishing and one beginning, never wait for each other in opposite orders.
+        releasing = [
+            {"resource": request.guard.lock.resource, "owner": request.guard.lock.owner}
+            for request, _ in finished
+            if request.guard.lock is not None
+        ]
+        if releasing:
+            tx.run("release_locks", {"items": releasing})
         completing = [
             {
                 "key": claim,
@@ -633,13 +642,6 @@ class SQLStore:
         ]
         if closing:
             tx.run("close_attempts", {"items": closing, "now": now})
-        releasing = [
-            {"resource": request.guard.lock.resource, "owner": request.guard.lock.owner}
-            for request, _ in finished
-            if request.guard.lock is not None
-        ]
-        if releasing:
-            tx.run("release_locks", {"items": releasing})
         return refused
 
     def _refusal(self, tx: Tx, request: FinishRequest, claim: str | None) -> GuardLost:
@@ -686,6 +688,7 @@ class SQLStore:
                     "same_error_count": error.same_count if error else 0,
                 },
             )
+            self._drop_lock(tx, guard)  # lock rows before operation rows (see _finish_set)
             if claim_key is not None:
                 tx.run(
                     "fail_operation",
@@ -698,7 +701,6 @@ class SQLStore:
                     },
                 )
             self._close_attempt(tx, guard, closing, outcome, error, now)
-            self._drop_lock(tx, guard)
 
         self.driver.write(op)
 
@@ -763,9 +765,9 @@ class SQLStore:
                 if tx.run("release_job", params) != 1:
                     continue
                 released += 1
+                self._drop_lock(tx, guard)  # lock rows before operation rows (see _finish_set)
                 tx.run("unclaim_operation", {"owner_lease": guard.lease_token, "now": now})
                 self._close_attempt(tx, guard, Closing(0.0), Outcome.RELEASED, None, now)
-                self._drop_lock(tx, guard)
             return released
 
         return self.driver.write(op)
@@ -1177,7 +1179,8 @@ def _independent(requests: Sequence[BeginRequest | None]) -> bool:
 def _lock_order(request: BeginRequest | None) -> tuple[str, str]:
     """Begins of one batch lock rows in this order, so two workers beginning overlapping batches
     do not deadlock: by resource key (first come, first served), then unlocked ones by
-    operation key."""
+    operation key. Python compares text by code point, which is the byte order of UTF-8: the
+    set statements sort the same way (COLLATE "C" on PostgreSQL)."""
     assert request is not None
     if request.resource_key is not None:
         return request.resource_key, ""

@@ -14,6 +14,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+from jobguard.core.boottime import since_boot_s
+
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -23,12 +25,6 @@ def boot_id() -> str:
         return _BOOT_ID.read_text().strip()
     except OSError:
         return "unknown-boot"
-
-
-def since_boot_s() -> float:
-    """Seconds since boot, counting suspend where the platform can (it never steps)."""
-    clock_id = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
-    return time.clock_gettime(clock_id)
 
 
 class HostClock:
