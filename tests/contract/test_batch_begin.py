@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobguard.backends.base import Backend, BeginRequest, Begun, Closing
-from jobguard.models import Delivery, Guard, JobSpec, Operation
+from jobguard.models import Guard, JobSpec, Operation
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import BACKENDS
-from tests.support.ports import finish
+from tests.support.ports import finish, keyed_spec, request_for
 
 RESOURCES = st.sampled_from([None, "dock:1", "dock:2"])
 KEYS = st.sampled_from([None, "op:a", "op:b", "op:c"])
@@ -47,30 +47,6 @@ HELD = st.builds(
     expired=st.booleans(),
 )
 JOBS = st.lists(st.tuples(RESOURCES, KEYS), min_size=1, max_size=6)
-
-
-def _spec(resource: str | None, key: str | None, queue: str = "batch") -> JobSpec:
-    return JobSpec(
-        task="tests.batch",
-        queue=queue,
-        payload="{}",
-        max_attempts=3,
-        visibility_timeout_s=10.0,
-        operation_key=key,
-        resource_key=resource,
-    )
-
-
-def _request(delivery: Delivery) -> BeginRequest | None:
-    """What the pipeline asks for: the job's keys, an owner token of its own."""
-    if delivery.resource_key is None and delivery.operation_key is None:
-        return None
-    return BeginRequest(
-        resource_key=delivery.resource_key,
-        lock_owner=f"owner-{delivery.job_id}",
-        lock_ttl_s=30.0,
-        operation_key=delivery.operation_key,
-    )
 
 
 def _lock_order(request: BeginRequest) -> tuple[str, str]:
@@ -150,13 +126,13 @@ def test_a_batch_begin_decides_as_beginning_one_by_one(
         try:
             _hold(backend, clock, held)
             for resource, key in jobs:
-                backend.enqueue(_spec(resource, key))
+                backend.enqueue(keyed_spec("batch", resource, key, lease_s=10.0))
             if batched:
-                prepared = backend.fetch_prepared(["batch"], 10, "w", None, _request)
+                prepared = backend.fetch_prepared(["batch"], 10, "w", None, request_for)
                 begun = {p.delivery.job_id: p.begun for p in prepared}
             else:
                 deliveries = backend.fetch(["batch"], 10, "w")
-                asked = [(d, r) for d in deliveries if (r := _request(d)) is not None]
+                asked = [(d, r) for d in deliveries if (r := request_for(d)) is not None]
                 begun = {d.job_id: None for d in deliveries}
                 for delivery, request in sorted(asked, key=lambda pair: _lock_order(pair[1])):
                     guard = Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id)

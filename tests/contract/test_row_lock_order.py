@@ -18,34 +18,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobguard.backends.base import BeginRequest, Closing, FinishRequest, Prepared
+from jobguard.backends.base import Closing, FinishRequest, Prepared
 from jobguard.backends.postgres import PostgresBackend
 from jobguard.backends.sql.driver import Tx
-from jobguard.models import Delivery, Guard, JobSpec, Outcome
+from jobguard.models import Guard, Outcome
 from tests.support import pg
-
-
-def _spec(queue: str, resource: str | None, key: str | None) -> JobSpec:
-    return JobSpec(
-        task="tests.order",
-        queue=queue,
-        payload="{}",
-        max_attempts=3,
-        visibility_timeout_s=60.0,
-        operation_key=key,
-        resource_key=resource,
-    )
-
-
-def _request(delivery: Delivery) -> BeginRequest | None:
-    if delivery.resource_key is None and delivery.operation_key is None:
-        return None
-    return BeginRequest(
-        resource_key=delivery.resource_key,
-        lock_owner=f"owner-{delivery.lease_token[:8]}",
-        lock_ttl_s=60.0,
-        operation_key=delivery.operation_key,
-    )
+from tests.support.ports import keyed_spec, request_for
 
 
 class _PausingTx:
@@ -129,16 +107,16 @@ def url() -> str:
 def test_a_fetch_beginning_and_a_finish_take_lock_rows_before_operation_rows(url: str) -> None:
     finishing, fetching = PostgresBackend(url), PostgresBackend(url)
     try:
-        finishing.enqueue_many([_spec("a", "dock:1", None), _spec("a", None, "op:1")])
-        held = finishing.fetch_prepared(["a"], 10, "w1", None, _request)
+        finishing.enqueue_many([keyed_spec("a", "dock:1", None), keyed_spec("a", None, "op:1")])
+        held = finishing.fetch_prepared(["a"], 10, "w1", None, request_for)
         acks = [_ack(item) for item in held]
-        fetching.enqueue_many([_spec("b", "dock:1", None), _spec("b", None, "op:1")])
+        fetching.enqueue_many([keyed_spec("b", "dock:1", None), keyed_spec("b", None, "op:1")])
         before = _deadlocks(url)
         results = _race(
             lambda: finishing.finish_many(acks),
             finishing,
             "complete_operations",
-            lambda: fetching.fetch_prepared(["b"], 10, "w2", None, _request),
+            lambda: fetching.fetch_prepared(["b"], 10, "w2", None, request_for),
         )
         assert _deadlocks(url) == before
         assert results["first"] == [None, None]
@@ -177,17 +155,17 @@ def test_set_and_one_by_one_begins_lock_resources_in_the_same_order_whatever_the
     url = pg.fresh_store_url(pg.with_database(pg.ADMIN_URL, name))
     as_set, one_by_one = PostgresBackend(url), PostgresBackend(url)
     try:
-        as_set.enqueue_many([_spec("a", "a", None), _spec("a", "B", None)])
+        as_set.enqueue_many([keyed_spec("a", "a", None), keyed_spec("a", "B", None)])
         # Two deliveries asking for "a": this batch begins one by one, in code-point order.
         one_by_one.enqueue_many(
-            [_spec("b", "B", None), _spec("b", "a", None), _spec("b", "a", None)]
+            [keyed_spec("b", "B", None), keyed_spec("b", "a", None), keyed_spec("b", "a", None)]
         )
         before = _deadlocks(url)
         _race(
-            lambda: one_by_one.fetch_prepared(["b"], 10, "w2", None, _request),
+            lambda: one_by_one.fetch_prepared(["b"], 10, "w2", None, request_for),
             one_by_one,
             "grant_lock",
-            lambda: as_set.fetch_prepared(["a"], 10, "w1", None, _request),
+            lambda: as_set.fetch_prepared(["a"], 10, "w1", None, request_for),
         )
         assert _deadlocks(url) == before
     finally:

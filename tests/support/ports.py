@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobguard.backends.base import Backend, BeginRequest, Closing, FinishRequest
-from jobguard.models import Delivery, Guard, Operation, Outcome
+from jobguard.models import Delivery, Guard, JobSpec, Operation, Outcome
 
 
 def fetch_one(
@@ -53,3 +53,28 @@ def begin_operation(
     # never both, never neither.
     assert (begun.operation is None) == (begun.busy is not None), begun
     return begun.operation
+
+
+def keyed_spec(queue: str, resource: str | None, key: str | None, lease_s: float = 60.0) -> JobSpec:
+    """A job with the given resource and operation keys (either may be ``None``)."""
+    return JobSpec(
+        task="tests.keyed",
+        queue=queue,
+        payload="{}",
+        max_attempts=3,
+        visibility_timeout_s=lease_s,
+        operation_key=key,
+        resource_key=resource,
+    )
+
+
+def request_for(delivery: Delivery) -> BeginRequest | None:
+    """What the pipeline asks for at a fetch: the job's keys, an owner token of its own."""
+    if delivery.resource_key is None and delivery.operation_key is None:
+        return None
+    return BeginRequest(
+        resource_key=delivery.resource_key,
+        lock_owner=f"owner-{delivery.job_id}",
+        lock_ttl_s=30.0,
+        operation_key=delivery.operation_key,
+    )
