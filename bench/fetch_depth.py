@@ -8,8 +8,9 @@ Usage (from the repository root, PostgreSQL on 127.0.0.1:5432)::
 In a throw-away database, one fresh jobguard schema holds only the jobs the measured fetches
 lease ("shallow"), another is bulk-loaded with ``--depth`` queued jobs by one
 ``INSERT ... SELECT generate_series`` ("deep"), then analysed as autovacuum would. Each fetch is
-the store's real ``fetch`` (the ready check, then one transaction that picks with
-``FOR UPDATE SKIP LOCKED``, leases and writes the attempt rows), timed one after another from
+the store's real ``fetch_prepared`` without a begin (the ready check when the last fetch found
+nothing, then one transaction that picks with ``FOR UPDATE SKIP LOCKED``, leases and writes the
+attempt rows), timed one after another from
 one process; p50/p95 in ms. A fetch from an empty queue (nothing to lease) is timed too.
 The output is also written to ``bench/results/fetch-depth-DATE.txt``.
 """
@@ -67,11 +68,11 @@ def time_fetches(url: str, batch: int, fetches: int, expect: int | None = None) 
     expect = batch if expect is None else expect
     backend = PostgresBackend(url)
     try:
-        backend.fetch([QUEUE], batch, "bench-warm-up")  # opens the pool's connection
+        backend.fetch_prepared([QUEUE], batch, "bench-warm-up")  # opens the pool's connection
         took: list[float] = []
         for _ in range(fetches):
             started = time.perf_counter()
-            got = backend.fetch([QUEUE], batch, "bench-fetch")
+            got = backend.fetch_prepared([QUEUE], batch, "bench-fetch")
             took.append((time.perf_counter() - started) * 1000)
             if len(got) != expect:
                 raise SystemExit(f"fetch leased {len(got)} jobs, not {expect}")

@@ -10,7 +10,7 @@ from typing import Any
 from jobguard.backends.base import Backend, Closing, ErrorInfo
 from jobguard.models import Guard, JobSpec, Outcome
 from jobguard.testing import ControlledClock
-from tests.support.ports import begin_operation, fetch_one, finish, guard_of
+from tests.support.ports import begin_operation, fetch, fetch_one, finish, guard_of
 
 
 def make_spec(**changes: Any) -> JobSpec:
@@ -120,7 +120,7 @@ def test_attempts_of_an_operation_span_every_job_that_carried_its_key(backend: B
     first = backend.enqueue(make_spec(operation_key="op:1"))
     backend.enqueue(make_spec(operation_key="op:2"))
     second = backend.enqueue(make_spec(operation_key="op:1"))
-    for delivery in backend.fetch(["default"], 10, "w1"):
+    for delivery in fetch(backend, ["default"], 10, "w1"):
         finish(backend, guard_of(delivery), Closing(0.1))
     rows = backend.attempts(operation_key="op:1")
     assert [r.job_id for r in rows] == [first.id, second.id]
@@ -131,7 +131,7 @@ def test_attempts_of_an_operation_span_every_job_that_carried_its_key(backend: B
 def test_recent_attempts_are_the_last_n_in_order(backend: Backend) -> None:
     """G10 diagnostics: without a filter, the most recent ``limit`` rows, oldest of them first."""
     jobs = [backend.enqueue(make_spec()) for _ in range(4)]
-    backend.fetch(["default"], 10, "w1")
+    fetch(backend, ["default"], 10, "w1")
     rows = backend.attempts(limit=3)
     assert [r.job_id for r in rows] == [j.id for j in jobs[1:]]
     assert len(backend.attempts()) == 4

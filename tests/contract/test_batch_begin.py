@@ -25,7 +25,7 @@ from jobguard.backends.base import Backend, BeginRequest, Begun, Closing
 from jobguard.models import Guard, JobSpec, Operation
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import BACKENDS
-from tests.support.ports import finish, keyed_spec, request_for
+from tests.support.ports import fetch, finish, keyed_spec, request_for
 
 RESOURCES = st.sampled_from([None, "dock:1", "dock:2"])
 KEYS = st.sampled_from([None, "op:a", "op:b", "op:c"])
@@ -71,7 +71,7 @@ def _hold(backend: Backend, clock: ControlledClock, held: list[Held]) -> None:
                     visibility_timeout_s=5.0 if item.expired else 60.0,
                 )
             )
-            (delivery,) = backend.fetch([f"earlier-{item.name}"], 1, "earlier")
+            (delivery,) = fetch(backend, [f"earlier-{item.name}"], 1, "earlier")
             guard = Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id)
             backend.begin(guard, BeginRequest(operation_key=item.name))
             if item.kind == "completed":
@@ -131,7 +131,7 @@ def test_a_batch_begin_decides_as_beginning_one_by_one(
                 prepared = backend.fetch_prepared(["batch"], 10, "w", None, request_for)
                 begun = {p.delivery.job_id: p.begun for p in prepared}
             else:
-                deliveries = backend.fetch(["batch"], 10, "w")
+                deliveries = fetch(backend, ["batch"], 10, "w")
                 asked = [(d, r) for d in deliveries if (r := request_for(d)) is not None]
                 begun = {d.job_id: None for d in deliveries}
                 for delivery, request in sorted(asked, key=lambda pair: _lock_order(pair[1])):

@@ -29,7 +29,7 @@ from jobguard.models import (
 )
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import business_table
-from tests.support.ports import begin_operation, finish, guard_of
+from tests.support.ports import begin_operation, fetch, finish, guard_of
 
 CLOSING = Closing(duration_s=0.1)
 ERROR = ErrorInfo(type="ConnectionError", message="reset")
@@ -54,7 +54,7 @@ def make_spec(**changes: Any) -> JobSpec:
 def deliver(backend: Backend, **changes: Any) -> Guard:
     """Enqueue one job and fetch it; return the delivery's guard (no lock)."""
     job = backend.enqueue(make_spec(**changes))
-    found = backend.fetch(["default"], 10, "w1")
+    found = fetch(backend, ["default"], 10, "w1")
     (delivery,) = [d for d in found if d.job_id == job.id]
     return guard_of(delivery)
 
@@ -199,7 +199,7 @@ def test_begin_operation_is_refused_for_a_stale_lease_or_fence(
     """Invariant 2, G3.5: begin is a guarded write; nothing is created when refused."""
     stale_lease = deliver(backend, visibility_timeout_s=5.0)
     clock.advance(5.0)
-    backend.fetch(["default"], 10, "w2")  # redelivers it
+    fetch(backend, ["default"], 10, "w2")  # redelivers it
     with pytest.raises(LeaseLostError):
         begin_operation(backend, stale_lease, KEY, None)
     stale_fence = locked(backend, deliver(backend, operation_key="op:b"), "order:b", 5.0)
@@ -270,7 +270,7 @@ def test_retry_gives_up_the_claim_but_keeps_the_operation_processing(backend: Ba
         OperationStatus.PROCESSING,
         "ConnectionError: reset",
     )
-    second = guard_of(backend.fetch(["default"], 1, "w2")[0])
+    second = guard_of(fetch(backend, ["default"], 1, "w2")[0])
     resumed = begin_operation(backend, second, KEY, None)
     assert resumed is not None
     assert resumed.steps == {"cut-stock": {"left": 9}}
@@ -301,7 +301,7 @@ def test_release_drops_the_claim_so_the_next_delivery_can_take_it(backend: Backe
     first = deliver(backend)
     begin_operation(backend, first, KEY, None)
     assert backend.release([first]) == 1
-    second = guard_of(backend.fetch(["default"], 1, "w2")[0])
+    second = guard_of(fetch(backend, ["default"], 1, "w2")[0])
     assert begin_operation(backend, second, KEY, None) is not None
 
 
@@ -317,7 +317,7 @@ def test_put_step_records_a_step_that_the_next_delivery_sees(
     backend.put_step(first, KEY, "render-pdf", '{"pages": 2}')
     assert stored(backend).steps == {"render-pdf": {"pages": 2}}
     clock.advance(5.0)
-    (redelivered,) = backend.fetch(["default"], 1, "w2")
+    (redelivered,) = fetch(backend, ["default"], 1, "w2")
     operation = begin_operation(backend, guard_of(redelivered), KEY, None)
     assert operation is not None
     assert operation.steps == {"render-pdf": {"pages": 2}}
@@ -330,7 +330,7 @@ def _stale_lease(backend: Backend, clock: ControlledClock) -> Guard:
     guard = deliver(backend, visibility_timeout_s=5.0)
     begin_operation(backend, guard, KEY, None)
     clock.advance(5.0)
-    backend.fetch(["default"], 10, "w2")
+    fetch(backend, ["default"], 10, "w2")
     return guard
 
 
@@ -400,7 +400,7 @@ def test_db_step_runs_fn_once_and_returns_the_stored_result_afterwards(
         {"invoice_for": 42},
     )
     clock.advance(5.0)
-    (redelivered,) = backend.fetch(["default"], 1, "w2")
+    (redelivered,) = fetch(backend, ["default"], 1, "w2")
     retry = guard_of(redelivered)
     operation = begin_operation(backend, retry, KEY, None)
     assert operation is not None
@@ -564,7 +564,7 @@ def test_begin_with_a_stale_lease_is_refused_and_takes_no_lock(
     """Invariant 2: a redelivered lease cannot lock or claim; the fence counter is untouched."""
     stale = deliver(backend, visibility_timeout_s=5.0)
     clock.advance(5.0)
-    backend.fetch(["default"], 10, "w2")
+    fetch(backend, ["default"], 10, "w2")
     with pytest.raises(LeaseLostError):
         backend.begin(stale, request())
     assert backend.lock_fence("order:42") == 0

@@ -41,7 +41,7 @@ from jobguard.exceptions import LeaseLostError, NotFoundError
 from jobguard.models import DeadCode, Delivery, Guard, JobSpec, JobStatus, LockGrant, Outcome
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import BACKENDS
-from tests.support.ports import finish
+from tests.support.ports import fetch, finish
 
 MACHINE_SETTINGS = settings(
     max_examples=100,
@@ -243,7 +243,7 @@ class JobMachine(StoreMachine):
             if self.model[job_id].status == JobStatus.RUNNING
             and self.model[job_id].attempts >= self.model[job_id].max_attempts
         }
-        found = self.backend.fetch(["default"], 100, "w-prop")
+        found = fetch(self.backend, ["default"], 100, "w-prop")
         assert {d.job_id for d in found} == due - spent
         for job_id in spent:
             job = self.model[job_id]

@@ -29,7 +29,7 @@ from jobguard.exceptions import (
 )
 from jobguard.models import DeadCode, Guard, Job, JobSpec, JobStatus, OperationStatus, Outcome
 from jobguard.testing import ControlledClock
-from tests.support.ports import begin_operation, fetch_one, finish, guard_of
+from tests.support.ports import begin_operation, fetch, fetch_one, finish, guard_of
 
 CLOSING = Closing(duration_s=0.25)
 ERROR = ErrorInfo(type="TimeoutError", message="upstream slow", traceback="tb", signature="s1")
@@ -164,7 +164,7 @@ def test_delay_s_keeps_a_job_from_being_fetched_until_it_is_due(
     job = backend.enqueue(make_spec(delay_s=10.0))
     assert job.run_at == clock() + 10.0
     clock.advance(9.5)
-    assert backend.fetch(["default"], 10, "w1") == []
+    assert fetch(backend, ["default"], 10, "w1") == []
     clock.advance(0.5)
     assert fetch_one(backend).job_id == job.id
 
@@ -186,7 +186,7 @@ def test_fetch_takes_higher_priority_first_then_oldest(backend: Backend) -> None
     high = backend.enqueue(make_spec(priority=9))
     mid_a = backend.enqueue(make_spec(priority=5))
     mid_b = backend.enqueue(make_spec(priority=5))
-    found = backend.fetch(["default"], 10, "w1")
+    found = fetch(backend, ["default"], 10, "w1")
     assert [d.job_id for d in found] == [high.id, mid_a.id, mid_b.id, low.id]
 
 
@@ -195,9 +195,9 @@ def test_fetch_honours_the_limit_and_only_the_named_queues(backend: Backend) -> 
     for _ in range(3):
         backend.enqueue(make_spec())
     other = backend.enqueue(make_spec(queue="other"))
-    assert len(backend.fetch(["default"], 2, "w1")) == 2
-    assert len(backend.fetch(["default"], 5, "w1")) == 1
-    assert backend.fetch(["default"], 5, "w1") == []
+    assert len(fetch(backend, ["default"], 2, "w1")) == 2
+    assert len(fetch(backend, ["default"], 5, "w1")) == 1
+    assert fetch(backend, ["default"], 5, "w1") == []
     assert backend.get_job(other.id).status == JobStatus.QUEUED
 
 
@@ -228,7 +228,7 @@ def test_a_leased_job_is_not_delivered_again_while_its_lease_lives(
     backend.enqueue(make_spec(visibility_timeout_s=30.0))
     fetch_one(backend, worker="w1")
     clock.advance(29.5)
-    assert backend.fetch(["default"], 10, "w2") == []
+    assert fetch(backend, ["default"], 10, "w2") == []
 
 
 def test_an_expired_lease_is_redelivered_with_a_new_token_and_the_old_attempt_closed_lost(
@@ -257,7 +257,7 @@ def test_a_job_whose_last_allowed_delivery_expired_goes_dead_with_a_reason(
     clock.advance(5.0)
     fetch_one(backend)
     clock.advance(5.0)
-    assert backend.fetch(["default"], 10, "w1") == []
+    assert fetch(backend, ["default"], 10, "w1") == []
     dead = backend.get_job(job.id)
     assert dead.status == JobStatus.DEAD
     assert dead.attempts == 2
@@ -284,7 +284,7 @@ def test_renew_extends_the_lease_and_the_lock_of_a_current_delivery(
         (result,) = backend.renew([Renewal(guard, 10.0, 10.0)])
         assert (result.lease_ok, result.lock_ok) == (True, True)
     clock.advance(9.5)
-    assert backend.fetch(["default"], 10, "w2") == []
+    assert fetch(backend, ["default"], 10, "w2") == []
     assert backend.acquire_lock("r", "owner-2", 10.0) is None
 
 
@@ -307,7 +307,7 @@ def test_renew_reports_a_stale_lease_and_a_stale_lock_as_not_ok_and_extends_neit
     assert [(r.lease_ok, r.lock_ok) for r in results] == [(False, False), (True, True)]
     # Neither the stale lease nor the stale lock stretched the current holders' deadlines.
     clock.advance(10.0)
-    assert [d.job_id for d in backend.fetch(["default"], 10, "w3")] == [current.job_id]
+    assert [d.job_id for d in fetch(backend, ["default"], 10, "w3")] == [current.job_id]
     assert backend.acquire_lock("r", "third", 5.0) is not None
 
 
@@ -384,7 +384,7 @@ def test_finish_completes_the_job_and_closes_its_attempt(
     assert (done.status, done.finished_at, done.attempts) == (JobStatus.COMPLETED, clock(), 1)
     (row,) = backend.attempts(job_id=job.id)
     assert (row.outcome, row.ended_at, row.duration_s) == (Outcome.COMPLETED, clock(), 0.25)
-    assert backend.fetch(["default"], 10, "w1") == []
+    assert fetch(backend, ["default"], 10, "w1") == []
 
 
 def test_retry_requeues_after_the_delay_with_the_attempt_still_charged(
@@ -403,7 +403,7 @@ def test_retry_requeues_after_the_delay_with_the_attempt_still_charged(
         "upstream slow",
     )
     clock.advance(4.5)
-    assert backend.fetch(["default"], 10, "w1") == []
+    assert fetch(backend, ["default"], 10, "w1") == []
     clock.advance(0.5)
     assert fetch_one(backend).attempt == 2
 
@@ -435,13 +435,13 @@ def test_defer_requeues_without_charging_the_attempt(
 def test_release_hands_leases_back_uncharged_and_ready_at_once(backend: Backend) -> None:
     """Invariant 9: graceful shutdown releases leases without charging attempts."""
     jobs = [backend.enqueue(make_spec(max_attempts=1)) for _ in range(2)]
-    deliveries = backend.fetch(["default"], 2, "w1")
+    deliveries = fetch(backend, ["default"], 2, "w1")
     assert backend.release([guard_of(d) for d in deliveries]) == 2
     for job in jobs:
         released = backend.get_job(job.id)
         assert (released.status, released.attempts) == (JobStatus.QUEUED, 0)
         assert [a.outcome for a in backend.attempts(job_id=job.id)] == [Outcome.RELEASED]
-    assert [d.attempt for d in backend.fetch(["default"], 2, "w2")] == [1, 1]
+    assert [d.attempt for d in fetch(backend, ["default"], 2, "w2")] == [1, 1]
 
 
 def test_bury_moves_the_job_to_the_dead_letter_queue_with_reason_and_error(
@@ -466,7 +466,7 @@ def test_bury_moves_the_job_to_the_dead_letter_queue_with_reason_and_error(
     assert dead.payload == job.payload
     (row,) = backend.attempts(job_id=job.id)
     assert (row.outcome, row.traceback) == (Outcome.DEAD, "tb")
-    assert backend.fetch(["default"], 10, "w1") == []
+    assert fetch(backend, ["default"], 10, "w1") == []
 
 
 def test_record_refusal_marks_the_stale_delivery_own_attempt_row(
@@ -610,7 +610,7 @@ def test_finish_many_acks_current_deliveries_and_refuses_stale_ones_without_writ
     first = backend.enqueue(make_spec(payload='{"n":1}'))
     second = backend.enqueue(make_spec(payload='{"n":2}', visibility_timeout_s=5.0))
     third = backend.enqueue(make_spec(payload='{"n":3}'))
-    deliveries = {d.job_id: d for d in backend.fetch(["default"], 3, "w1")}
+    deliveries = {d.job_id: d for d in fetch(backend, ["default"], 3, "w1")}
     clock.advance(6)  # only the second job's 5 s lease expires...
     stale = deliveries[second.id]
     redelivered = fetch_one(backend, worker="w2")  # ...and another worker takes it over
@@ -665,7 +665,7 @@ def test_prune_deletes_old_completed_jobs_in_batches_and_keeps_everything_else(
     """Retention removes completed jobs past the age and their attempts, batch by batch; live,
     dead, recent and dedup-holding jobs and every operation record stay (G4.3, G6.2)."""
     old = [backend.enqueue(make_spec(payload=f'{{"n":{n}}}')) for n in range(5)]
-    for delivery in backend.fetch(["default"], 5, "w1"):
+    for delivery in fetch(backend, ["default"], 5, "w1"):
         finish(backend, guard_of(delivery), CLOSING)
     held = backend.enqueue(make_spec(dedup_key="held", dedup_window_s=1000))
     finish(backend, guard_of(fetch_one(backend)), CLOSING)
@@ -701,13 +701,13 @@ def test_the_fetching_workers_rules_decide_the_lease_not_the_stored_copy(
     backend.enqueue(make_spec())
     backend.enqueue(make_spec(task="tests.other"))
     rules = {"tests.noop": DeliveryRules(visibility_timeout_s=90.0, max_attempts=3)}
-    mine, other = backend.fetch(["default"], 10, "w1", rules)
+    mine, other = fetch(backend, ["default"], 10, "w1", rules)
     now = backend.now()
     assert mine.visibility_timeout_s == 90.0
     assert mine.lease_expires_at == pytest.approx(now + 90.0, abs=1.0)
     assert other.visibility_timeout_s == 30.0
     clock.advance(60.0)  # past the stored 30 s, within the worker's 90 s
-    redelivered = backend.fetch(["default"], 10, "w2", rules)
+    redelivered = fetch(backend, ["default"], 10, "w2", rules)
     assert [d.job_id for d in redelivered] == [other.job_id]
 
 
@@ -718,12 +718,12 @@ def test_the_fetching_workers_attempt_limit_decides_when_a_lost_job_is_buried(
     that never reported back is delivered again instead of being buried."""
     job = backend.enqueue(make_spec(max_attempts=1, visibility_timeout_s=5.0))
     rules = {"tests.noop": DeliveryRules(visibility_timeout_s=5.0, max_attempts=3)}
-    backend.fetch(["default"], 1, "w1", rules)
+    fetch(backend, ["default"], 1, "w1", rules)
     clock.advance(6.0)
-    [again] = backend.fetch(["default"], 1, "w2", rules)
+    [again] = fetch(backend, ["default"], 1, "w2", rules)
     assert (again.job_id, again.attempt) == (job.id, 2)
     clock.advance(6.0)
-    assert backend.fetch(["default"], 1, "w3") == []  # without rules, the stored limit of 1
+    assert fetch(backend, ["default"], 1, "w3") == []  # without rules, the stored limit of 1
     assert backend.get_job(job.id).status == JobStatus.DEAD
 
 
@@ -812,7 +812,7 @@ def test_one_finish_the_store_cannot_write_does_not_undo_the_others(backend: Bac
     the others are acked, the bad one is left running on its lease, and its error names it."""
     for n in range(3):
         backend.enqueue(make_spec(operation_key=f"op:{n}"))
-    deliveries = backend.fetch(["default"], 3, "w1")
+    deliveries = fetch(backend, ["default"], 3, "w1")
     for delivery in deliveries:
         begin_operation(backend, guard_of(delivery), delivery.operation_key or "", None)
     first, bad, last = deliveries

@@ -22,6 +22,7 @@ from jobguard.pipeline import Pipeline, guard_of
 from jobguard.testing import drain
 from tests.support import guard_app
 from tests.support.guard_app import FULFILL, FULFILL_STEPS, Faults, query, read_events
+from tests.support.ports import fetch
 from tests.support.procs import wait_until
 
 SKU = "widget"
@@ -223,7 +224,7 @@ def test_a_delivery_not_prepared_with_its_batch_locks_and_claims_on_its_own(app:
         return ctx.fence
 
     ship.enqueue(order_id=3)
-    (delivery,) = app.backend.fetch(["default"], 1, "w1")
+    (delivery,) = fetch(app.backend, ["default"], 1, "w1")
     inflight = InFlight(delivery, guard_of(delivery), None)
     pipeline = Pipeline(app.backend, app.tasks, "w1", Hooks())
     settled = pipeline.run(inflight)

@@ -19,6 +19,7 @@ import pytest
 from jobguard import App, JobStatus, Outcome
 from tests.support import hostile_app as hostile
 from tests.support import stores
+from tests.support.ports import fetch
 from tests.support.procs import (
     REPO_ROOT,
     WorkerProcess,
@@ -270,7 +271,7 @@ def test_a_heartbeat_that_fails_stops_its_worker_which_says_why_and_exits_non_ze
         wait_until(lambda: hostile.effects(effects_path, job.id) == ["start"], timeout_s=30)
         # Pause the worker past its 1 s lease and let another consumer take the job over.
         proc.pause_between_writes(store_url)
-        wait_until(lambda: bool(happ.backend.fetch(["default"], 1, "thief")), timeout_s=10)
+        wait_until(lambda: bool(fetch(happ.backend, ["default"], 1, "thief")), timeout_s=10)
         proc.signal(signal.SIGCONT)
         try:
             code = proc.wait(timeout_s=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobguard import App, ConfigurationError, Context
+from tests.support.ports import fetch
 
 
 def test_task_without_timeout_takes_its_queues_timeout_and_task_setting_wins(
@@ -22,7 +23,7 @@ def test_task_without_timeout_takes_its_queues_timeout_and_task_setting_wins(
     assert report.enqueue().visibility_timeout_s == 300
     assert ping.enqueue().visibility_timeout_s == 5
     assert report.options(queue="fast").enqueue().visibility_timeout_s == 30
-    delivery = app.backend.fetch(["slow"], 1, "w")[0]
+    delivery = fetch(app.backend, ["slow"], 1, "w")[0]
     assert delivery.lease_expires_at - app.backend.get_job(delivery.job_id).created_at >= 299
     app.close()
 

@@ -3,17 +3,35 @@ single-delivery forms of the batch-first port methods."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from jobguard.backends.base import Backend, BeginRequest, Closing, FinishRequest
+from jobguard.backends.base import (
+    Backend,
+    BeginRequest,
+    Closing,
+    DeliveryRules,
+    FinishRequest,
+)
 from jobguard.models import Delivery, Guard, JobSpec, Operation, Outcome
+
+
+def fetch(
+    backend: Backend,
+    queues: Sequence[str],
+    limit: int,
+    worker: str,
+    rules: Mapping[str, DeliveryRules] | None = None,
+) -> list[Delivery]:
+    """Lease up to ``limit`` ready jobs without beginning them (the port's ``fetch_prepared``
+    with no ``begin``): the deliveries alone."""
+    return [item.delivery for item in backend.fetch_prepared(queues, limit, worker, rules)]
 
 
 def fetch_one(
     backend: Backend, queues: Sequence[str] = ("default",), worker: str = "w1"
 ) -> Delivery:
     """Fetch exactly one delivery; fail the test if there is not exactly one."""
-    found = backend.fetch(queues, 1, worker)
+    found = fetch(backend, queues, 1, worker)
     assert len(found) == 1, found
     return found[0]
 

@@ -144,20 +144,28 @@ class QueuePort(Protocol):
         caller's transaction: they exist if and only if it commits.
         """
 
-    def fetch(
+    def fetch_prepared(
         self,
         queues: Sequence[str],
         limit: int,
         worker_id: str,
         rules: Mapping[str, DeliveryRules] | None = None,
-    ) -> list[Delivery]:
-        """Lease up to ``limit`` ready jobs, earlier queues first, higher priority first.
+        begin: Callable[[Delivery], BeginRequest | None] | None = None,
+    ) -> list[Prepared]:
+        """Lease up to ``limit`` ready jobs, earlier queues first, higher priority first, and
+        begin each (:meth:`OperationPort.begin`) in the same transaction where the store allows
+        (one commit before the handlers start).
 
         Atomic per call: each job gets a new lease token, its attempt count is charged and an
         attempt row opened. Jobs whose lease expired are re-leased (their old attempt is closed as
         ``lost``); one whose attempts are spent goes to the dead letter queue instead
         (:attr:`DeadCode.LOST`). ``rules`` (by task name) give the lease length and attempt limit
         of the worker's own task definitions; jobs of other tasks keep what was stored.
+
+        ``begin`` says what each delivery must hold (``None``, or no ``begin``: nothing). An
+        item whose begin could not be stored comes back with ``begun`` ``None`` and begins on
+        its own later; ``busy`` results are kept (the lock or claim belongs to another live
+        delivery).
         """
 
     def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
@@ -286,22 +294,6 @@ class OperationPort(Protocol):
         operation is returned without a claim; otherwise the record is created or claimed and
         returned with its stored steps. Refused for a stale lease, or for a stale fence when the
         guard already carries a lock.
-        """
-
-    def fetch_prepared(
-        self,
-        queues: Sequence[str],
-        limit: int,
-        worker_id: str,
-        rules: Mapping[str, DeliveryRules] | None = None,
-        begin: Callable[[Delivery], BeginRequest | None] | None = None,
-    ) -> list[Prepared]:
-        """:meth:`QueuePort.fetch` and :meth:`begin` of each fetched delivery, in one
-        transaction where the store allows (one commit before the handlers start).
-
-        ``begin`` says what each delivery must hold (``None``: nothing). An item whose begin
-        could not be stored comes back with ``begun`` ``None`` and begins on its own later;
-        ``busy`` results are kept (the lock or claim belongs to another live delivery).
         """
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:

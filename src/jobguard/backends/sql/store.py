@@ -220,16 +220,6 @@ class SQLStore:
         if self.driver.wait_for_jobs(queues, timeout_s):
             self._expect_work = True  # woken by an enqueue: the look before fetching is moot
 
-    def fetch(
-        self,
-        queues: Sequence[str],
-        limit: int,
-        worker_id: str,
-        rules: Mapping[str, DeliveryRules] | None = None,
-    ) -> list[Delivery]:
-        """Lease up to ``limit`` ready jobs (one transaction); see :class:`QueuePort`."""
-        return [item.delivery for item in self.fetch_prepared(queues, limit, worker_id, rules)]
-
     def fetch_prepared(
         self,
         queues: Sequence[str],
@@ -240,7 +230,7 @@ class SQLStore:
     ) -> list[Prepared]:
         """Lease ready jobs and begin them (lock + claim) in the same transaction.
 
-        See :class:`OperationPort`. Tried first without savepoints; if one item's begin fails
+        See :class:`QueuePort`. Tried first without savepoints; if one item's begin fails
         unexpectedly, the whole fetch is rolled back and run again with a savepoint per begin,
         where that item is left unbegun (its delivery begins on its own later).
         """
