@@ -291,6 +291,9 @@ class PostgresDriver:
         carried = self._server_clock.carried() if self._clock is None else None
         return carried if carried is not None else self.read(lambda tx: tx.now())
 
+    def check_usable(self) -> None:
+        """Nothing to check: a server's errors surface when it is used."""
+
     def jobs_added(self, queues: Sequence[str]) -> None:
         """Nothing to do: the enqueue's own NOTIFY wakes workers when it commits."""
 

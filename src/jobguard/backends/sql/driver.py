@@ -75,6 +75,11 @@ class Driver(Protocol):
     def now(self) -> float:
         """The store clock outside a transaction."""
 
+    def check_usable(self) -> None:
+        """Raise :class:`~jobguard.exceptions.StoreBrokenError` if what this driver opened can
+        no longer be used as it is (a SQLite file deleted or replaced); cheap enough for every
+        pass of a loop."""
+
     def jobs_added(self, queues: Sequence[str]) -> None:
         """Wake idle workers of these queues after a committed enqueue (no-op if it cannot)."""
 

@@ -97,7 +97,9 @@ class SQLStore:
         return self.driver.now()
 
     def check_usable(self) -> None:
-        """Nothing to check by default: a database server's errors surface on use."""
+        """Raise :class:`~jobguard.exceptions.StoreBrokenError` if the store is no longer usable
+        (see the driver's check)."""
+        self.driver.check_usable()
 
     # -- guards ---------------------------------------------------------------------------------
 

@@ -28,12 +28,7 @@ class SQLiteBackend(SQLStore):
         busy_timeout_s: float = 30.0,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self._sqlite = SQLiteDriver(
-            path, synchronous=synchronous, busy_timeout_s=busy_timeout_s, clock=clock
+        super().__init__(
+            SQLiteDriver(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s, clock=clock)
         )
-        super().__init__(self._sqlite)
         self.path = path
-
-    def check_usable(self) -> None:
-        """Raise :class:`~jobguard.exceptions.StoreBrokenError` if the file is gone or replaced."""
-        self._sqlite.check_file()

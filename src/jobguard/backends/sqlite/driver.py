@@ -175,7 +175,7 @@ class SQLiteDriver:
             self._check_file(deep=True)
             raise StoreUnavailableError(f"SQLite read failed: {exc}") from exc
 
-    def check_file(self) -> None:
+    def check_usable(self) -> None:
         """Raise :class:`StoreBrokenError` if the file was deleted or replaced since it was opened.
 
         Cheap enough for every pass of a loop: one ``stat``, and the deep read of the file's
@@ -249,7 +249,7 @@ class SQLiteDriver:
         Also notices a store file that was deleted or replaced under a running worker, which
         would otherwise go on reading the old file and never see a new job.
         """
-        self.check_file()
+        self.check_usable()
         return self._waker.wait(timeout_s)
 
     def close(self) -> None:
