@@ -78,23 +78,10 @@ RETURNING id, job_id;
 UPDATE {schema}.jobs SET available_at = %(now)s + %(visibility_timeout_s)s
 WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
 
--- name: finish_job
--- Only with every proof in place: the lease, the newest fence of the lock (if any), and the
--- operation's claim (if the finish completes one). Changes no row otherwise.
-UPDATE {schema}.jobs
-SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
-    last_error = NULL
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running'
-  AND (%(resource)s::text IS NULL
-       OR NOT EXISTS (SELECT 1 FROM {schema}.locks
-                      WHERE resource = %(resource)s::text AND fence > %(fence)s::bigint))
-  AND (%(key)s::text IS NULL
-       OR EXISTS (SELECT 1 FROM {schema}.operations
-                  WHERE key = %(key)s::text AND owner_lease = %(lease_token)s));
-
 -- name: finish_jobs
 -- Many finishes at once (%(items)s: job_id, lease_token, resource, fence, key), each only with
--- every proof in place, as finish_job. Returns the ids it finished.
+-- every proof in place: the lease, the newest fence of its lock (if any), and the operation's
+-- claim (if it completes one). Returns the ids it finished.
 UPDATE {schema}.jobs AS j
 SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
     last_error = NULL
@@ -110,7 +97,8 @@ WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'ru
 RETURNING j.id;
 
 -- name: complete_operations
--- complete_operation for many (%(items)s: key, owner_lease, result, external_ref, fence).
+-- The operations of finished deliveries completed, where the delivery still holds the claim
+-- (%(items)s: key, owner_lease, result, external_ref, fence).
 UPDATE {schema}.operations AS o
 SET status = 'completed', result = item.result, external_ref = item.external_ref,
     fence = item.fence, owner_lease = NULL, updated_at = %(now)s, completed_at = %(now)s,
@@ -277,12 +265,6 @@ SET status = 'processing', owner_lease = %(owner_lease)s, attempts = attempts + 
     updated_at = %(now)s
 WHERE key = %(key)s AND status != 'completed'
 RETURNING *;
-
--- name: complete_operation
-UPDATE {schema}.operations
-SET status = 'completed', result = %(result)s, external_ref = %(external_ref)s, fence = %(fence)s,
-    owner_lease = NULL, updated_at = %(now)s, completed_at = %(now)s, last_error = NULL
-WHERE key = %(key)s AND owner_lease = %(owner_lease)s AND status = 'processing';
 
 -- name: fail_operation
 UPDATE {schema}.operations

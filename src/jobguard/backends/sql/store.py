@@ -493,37 +493,6 @@ class SQLStore:
 
         return self.driver.write(op)
 
-    def _finish_one(self, tx: Tx, request: FinishRequest, now: float) -> None:
-        """Ack one delivery (inside its own savepoint): the careful path of :meth:`finish_many`."""
-        guard = request.guard
-        claim_key = _claim_of(request)
-        params = {
-            "job_id": guard.job_id,
-            "lease_token": guard.lease_token,
-            "resource": guard.lock.resource if guard.lock else None,
-            "fence": _fence_of(guard),
-            "key": claim_key,
-            "now": now,
-        }
-        if tx.run("finish_job", params) != 1:
-            raise self._refusal(tx, request, claim_key)
-        self._drop_lock(tx, guard)  # lock rows before operation rows (see _finish_set)
-        if claim_key is not None:
-            completed = tx.run(
-                "complete_operation",
-                {
-                    "key": claim_key,
-                    "owner_lease": guard.lease_token,
-                    "result": request.result_json,
-                    "external_ref": request.external_ref,
-                    "fence": _fence_of(guard),
-                    "now": now,
-                },
-            )
-            if completed != 1:
-                raise messages.claim_lost(claim_key)
-        self._close_attempt(tx, guard, request.closing, request.outcome, None, now)
-
     def finish_many(self, requests: Sequence[FinishRequest]) -> list[JobGuardError | None]:
         """Ack many deliveries in one transaction, each all-or-nothing on its own.
 
@@ -548,13 +517,16 @@ class SQLStore:
                 raise
             except Exception as exc:  # a row the driver cannot store, say: find which, alone
                 raise _RedoCarefully() from exc
+        # Carefully: the same statements, one item at a time, each in a savepoint.
         refused: list[JobGuardError | None] = []
         for request in requests:
             try:
                 with tx.savepoint():
-                    self._finish_one(tx, request, now)
-                refused.append(None)
-            except (GuardLost, StoreUnavailableError) as exc:
+                    (refusal,) = self._finish_set(tx, [request], now)
+                refused.append(refusal)
+            except _RedoCarefully:  # its claim was taken between its proof and its write
+                refused.append(messages.claim_lost(_claim_of(request) or ""))
+            except StoreUnavailableError as exc:
                 refused.append(exc)
             except Exception as exc:
                 # One job's unstorable row (text the driver cannot encode, say) must not
@@ -644,7 +616,7 @@ class SQLStore:
         except GuardLost as exc:
             return exc
         # Every proof holds now: the lease moved on and back in between (it cannot, but say so).
-        return messages.stale_lease(guard.job_id, guard.lease_token, "finish_job")
+        return messages.stale_lease(guard.job_id, guard.lease_token, "finish")
 
     def _settle(
         self,

@@ -76,21 +76,10 @@ RETURNING id, job_id;
 UPDATE jobs SET available_at = :now + :visibility_timeout_s
 WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
 
--- name: finish_job
--- Only with every proof in place: the lease, the newest fence of the lock (if any), and the
--- operation's claim (if the finish completes one). Changes no row otherwise.
-UPDATE jobs
-SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = :now,
-    last_error = NULL
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running'
-  AND (:resource IS NULL
-       OR NOT EXISTS (SELECT 1 FROM locks WHERE resource = :resource AND fence > :fence))
-  AND (:key IS NULL
-       OR EXISTS (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token));
-
 -- name: finish_jobs
 -- Many finishes at once (:items, a JSON array of job_id, lease_token, resource, fence, key),
--- each only with every proof in place, as finish_job. Returns the ids it finished.
+-- each only with every proof in place: the lease, the newest fence of its lock (if any), and the
+-- operation's claim (if it completes one). Returns the ids it finished.
 UPDATE jobs
 SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = :now,
     last_error = NULL
@@ -110,7 +99,8 @@ WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND jobs.sta
 RETURNING jobs.id;
 
 -- name: complete_operations
--- complete_operation for many (:items: key, owner_lease, result, external_ref, fence).
+-- The operations of finished deliveries completed, where the delivery still holds the claim
+-- (:items: key, owner_lease, result, external_ref, fence).
 UPDATE operations
 SET status = 'completed', result = item.result, external_ref = item.external_ref,
     fence = item.fence, owner_lease = NULL, updated_at = :now, completed_at = :now,
@@ -287,12 +277,6 @@ SET status = 'processing', owner_lease = :owner_lease, attempts = attempts + 1, 
     updated_at = :now
 WHERE key = :key AND status != 'completed'
 RETURNING *;
-
--- name: complete_operation
-UPDATE operations
-SET status = 'completed', result = :result, external_ref = :external_ref, fence = :fence,
-    owner_lease = NULL, updated_at = :now, completed_at = :now, last_error = NULL
-WHERE key = :key AND owner_lease = :owner_lease AND status = 'processing';
 
 -- name: fail_operation
 UPDATE operations
