@@ -278,6 +278,9 @@ class Worker:
                 ):
                     self._slot_freed.wait(self.poll_interval_s)
                 room = limit - (len(self._inflight) - self._finishing)
+                # Read before the fetch: with nothing in flight then, every ending was written
+                # before the fetch looked, so an empty fetch means nothing is left (burst).
+                idle = not self._inflight
             if self._stopping.is_set():
                 return
             try:
@@ -302,8 +305,6 @@ class Worker:
             if deliveries:
                 self._accept(deliveries)
                 continue
-            with self._inflight_lock:
-                idle = not self._inflight
             if burst and idle:
                 return
             # Nothing ready: sleep until an enqueue wakes us, polling as the fallback (delayed
