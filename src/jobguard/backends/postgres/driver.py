@@ -76,25 +76,16 @@ class PostgresTx(NamedStatements):
         queries: Mapping[str, str],
         clock: Callable[[], float] | None,
         server_clock: ServerClock,
-        pipeline: psycopg.Pipeline | None = None,
     ) -> None:
         self._conn = conn
         self._queries = queries
         self._clock = clock
         self._server_clock = server_clock
-        # In pipeline mode statements travel together: the client waits only for an answer
-        # it reads (a row, a row count), or at the end of a savepoint or the transaction.
-        self._pipeline = pipeline
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
         """The psycopg connection of this transaction."""
         return self._conn
-
-    @property
-    def pipeline(self) -> psycopg.Pipeline | None:
-        """The connection's pipeline, when this transaction runs in pipeline mode."""
-        return self._pipeline
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
         if "items" in params:  # lists of records travel as one jsonb (jsonb_to_recordset)
@@ -102,33 +93,11 @@ class PostgresTx(NamedStatements):
         cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
         return cursor.execute(self._queries[name], params)
 
-    def run(self, name: str, params: Mapping[str, Any]) -> int:
-        """Rows changed by a named statement (in pipeline mode, waited for)."""
-        cursor = self._execute(name, params)
-        if self._pipeline is not None:
-            self._pipeline.sync()
-        return int(cursor.rowcount)
-
     @contextmanager
     def savepoint(self) -> Iterator[None]:
-        """A nested unit (a savepoint) rolled back alone if the block raises.
-
-        In pipeline mode it is written out (psycopg's own would take a queued BEGIN for no
-        transaction), and waited for at its end, so an error of the block is raised in it.
-        """
-        if self._pipeline is None:
-            with self._conn.transaction():
-                yield
-            return
-        self._conn.execute("SAVEPOINT jobguard_item")
-        try:
+        """A nested unit (a savepoint) rolled back alone if the block raises."""
+        with self._conn.transaction():
             yield
-            self._conn.execute("RELEASE SAVEPOINT jobguard_item")
-            self._pipeline.sync()
-        except BaseException:
-            self._conn.execute("ROLLBACK TO SAVEPOINT jobguard_item")
-            self._pipeline.sync()
-            raise
 
     def now(self) -> float:
         """The store clock: the server's ``clock_timestamp()`` (or the one a test injected)."""
@@ -151,15 +120,8 @@ class StepConnection:
     :class:`~jobguard.exceptions.StepSQLError`.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline | None) -> None:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
-        self._pipeline = pipeline
-
-    def _answered(self) -> None:
-        """In pipeline mode, wait for the statement's answer: its error is raised here, as the
-        step's own (a row count and rows are then there too)."""
-        if self._pipeline is not None:
-            self._pipeline.sync()
 
     def execute(self, query: str, parameters: Any = None) -> psycopg.Cursor[Any]:
         """Run one statement in the step's transaction."""
@@ -169,11 +131,9 @@ class StepConnection:
                 "together with the step record"
             )
         try:
-            cursor = self._conn.cursor(row_factory=tuple_row).execute(query, parameters)
-            self._answered()
+            return self._conn.cursor(row_factory=tuple_row).execute(query, parameters)
         except psycopg.Error as exc:
             raise StepSQLError(f"SQL of the step failed: {exc}") from exc
-        return cursor
 
     def executemany(self, query: str, params_seq: Any) -> psycopg.Cursor[Any]:
         """Run one statement for each parameter set, in the step's transaction."""
@@ -182,7 +142,6 @@ class StepConnection:
         cursor = self._conn.cursor(row_factory=tuple_row)
         try:
             cursor.executemany(query, params_seq)
-            self._answered()
         except psycopg.Error as exc:
             raise StepSQLError(f"SQL of the step failed: {exc}") from exc
         return cursor
@@ -272,23 +231,15 @@ class PostgresDriver:
                     self._pid = pid
         return self._pool
 
-    def _tx(
-        self, conn: psycopg.Connection[Any], pipeline: psycopg.Pipeline | None = None
-    ) -> PostgresTx:
-        return PostgresTx(conn, self._queries, self._clock, self._server_clock, pipeline)
+    def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTx:
+        return PostgresTx(conn, self._queries, self._clock, self._server_clock)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
-        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock).
-
-        In psycopg's pipeline mode, with BEGIN and COMMIT queued as plain statements (psycopg's
-        ``transaction()`` waits for each): BEGIN travels with the first statement, COMMIT with
-        the last ones whose answer nobody reads, so a ``db_step`` costs three round trips, not
-        five, and a batch of endings three, not six.
-        """
+        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock)."""
         for attempt in range(_RETRIES):
             try:
-                with self._pool_of_this_process().connection() as conn:
-                    return self._pipelined(conn, fn)
+                with self._pool_of_this_process().connection() as conn, conn.transaction():
+                    return fn(self._tx(conn))
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
             except _RETRYABLE as exc:
@@ -298,20 +249,6 @@ class PostgresDriver:
             except psycopg.Error as exc:  # the pool's own errors (a timeout) included
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _pipelined(self, conn: psycopg.Connection[Any], fn: Callable[[PostgresTx], T]) -> T:
-        """``fn`` in one transaction on ``conn``, in pipeline mode; rolled back if it raises."""
-        try:
-            with conn.pipeline() as pipeline:
-                conn.execute("BEGIN")
-                result = fn(self._tx(conn, pipeline))
-                conn.execute("COMMIT")
-        except BaseException:
-            if conn.info.transaction_status != TransactionStatus.IDLE:
-                with suppress(psycopg.Error):  # a broken connection: the pool drops it
-                    conn.execute("ROLLBACK")
-            raise
-        return result
 
     def read(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` on a pooled connection (each statement sees committed data)."""
@@ -342,7 +279,7 @@ class PostgresDriver:
     def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
         """The connection ``db_step`` code gets; it cannot end the step's transaction."""
         conn: psycopg.Connection[Any] = tx.connection
-        yield StepConnection(conn, tx.pipeline if isinstance(tx, PostgresTx) else None)
+        yield StepConnection(conn)
         if conn.info.transaction_status != TransactionStatus.INTRANS:
             raise StepSQLError(
                 "the db_step function ended the step's transaction; its rows and the step "

@@ -39,11 +39,6 @@ class Tx(Protocol):
     def run(self, name: str, params: Params) -> int:
         """Run a named statement; how many rows it changed."""
 
-    def send(self, name: str, params: Params) -> None:
-        """Run a named statement whose answer nobody reads; a driver may send it with the next
-        statement that waits for one (its error, if any, is raised there, or at the end of the
-        enclosing savepoint or transaction)."""
-
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested unit: rolled back alone if the block raises (the error goes on)."""
 
@@ -126,7 +121,3 @@ class NamedStatements:
     def run(self, name: str, params: Params) -> int:
         """Rows changed by a named statement."""
         return int(self._execute(name, params).rowcount)
-
-    def send(self, name: str, params: Params) -> None:
-        """A named statement whose answer is not read."""
-        self._execute(name, params)

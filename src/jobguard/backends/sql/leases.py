@@ -172,7 +172,7 @@ class Leases:
         if not expired:
             return set()
         tokens = [row["lease_token"] for row in expired]
-        tx.send("close_lost_attempts", {"tokens": tokens, "now": now})
+        tx.run("close_lost_attempts", {"tokens": tokens, "now": now})
         spent = set()
         for row in expired:
             rule = rules.get(row["task"])
@@ -180,7 +180,7 @@ class Leases:
                 spent.add(row["id"])
         if spent:
             params = {"ids": sorted(spent), "code": DeadCode.LOST.value, "now": now}
-            tx.send("bury_lost", params)
+            tx.run("bury_lost", params)
         return spent
 
     @staticmethod

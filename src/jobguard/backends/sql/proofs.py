@@ -52,15 +52,14 @@ def verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None)
     return state
 
 
-def release_locks(tx: Tx, guards: Sequence[Guard]) -> None:
+def release_locks(tx: Tx, guards: Sequence[Guard]) -> int:
     """Free the locks these guards hold, where each owner still holds its lock."""
     items = [
         {"resource": guard.lock.resource, "owner": guard.lock.owner}
         for guard in guards
         if guard.lock is not None
     ]
-    if items:
-        tx.send("release_locks", {"items": items})
+    return tx.run("release_locks", {"items": items}) if items else 0
 
 
 class Proofs:
@@ -156,7 +155,7 @@ class Proofs:
                 }
             )
         if marks:
-            tx.send("attempt_locks", {"items": marks})
+            tx.run("attempt_locks", {"items": marks})
 
     # -- locks --------------------------------------------------------------------------------
 
@@ -177,7 +176,7 @@ class Proofs:
             return None
         if attempt_id is not None:
             mark = {"attempt_id": attempt_id, "lock_owner": owner, "fence": row["fence"]}
-            tx.send("attempt_locks", {"items": [mark]})
+            tx.run("attempt_locks", {"items": [mark]})
         return LockGrant(resource=resource, owner=owner, fence=row["fence"], expires_at=expires_at)
 
     def acquire_lock(
@@ -282,7 +281,7 @@ class Proofs:
             if guard.lock is not None:
                 # The attempt row must not name a lock this delivery gave straight back.
                 unmark = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
-                tx.send("attempt_locks", {"items": [unmark]})
+                tx.run("attempt_locks", {"items": [unmark]})
             return Begun(busy=BusyReason.OPERATION)
         return Begun(grant=guard.lock, operation=operation)
 
@@ -300,7 +299,7 @@ class Proofs:
             "fence": fence_of(guard),
             "now": now,
         }
-        tx.send("insert_step", params)
+        tx.run("insert_step", params)
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
         """Record a completed step (one transaction, guarded)."""
