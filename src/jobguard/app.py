@@ -36,6 +36,7 @@ from jobguard.models import (
     LockGrant,
     Operation,
     OutcomeCount,
+    PausedQueue,
     QueueStats,
 )
 from jobguard.schedule import Schedule, check_operation_template, check_tick_handler, tick_runner
@@ -445,8 +446,35 @@ class App:
         return self.backend.prune_completed(older_than_s)
 
     def queue_stats(self) -> list[QueueStats]:
-        """Per queue: ready, scheduled, running and dead jobs, the oldest ready and running."""
+        """Per queue: ready, scheduled, running and dead jobs, the oldest ready and running,
+        and whether it is paused."""
         return self.backend.queue_stats()
+
+    def pause_queue(self, queue: str, *, actor: str) -> bool:
+        """Stop workers on every host from starting jobs of ``queue``, audited under ``actor``.
+
+        Jobs already leased run to their end and enqueues still land; the state is kept in the
+        store, so it holds across restarts until :meth:`resume_queue`. Returns ``False`` (and
+        changes nothing) if the queue was paused already.
+
+        Raises:
+            ConfigurationError: ``queue`` is not a valid queue name, or ``actor`` is empty.
+        """
+        queue, actor = check_queue_name(queue), checks.actor(actor)
+        return self.backend.pause_queue(queue, actor)
+
+    def resume_queue(self, queue: str, *, actor: str) -> bool:
+        """Let workers start jobs of ``queue`` again, audited; ``False`` if it was not paused.
+
+        Raises:
+            ConfigurationError: ``queue`` is not a valid queue name, or ``actor`` is empty.
+        """
+        queue, actor = check_queue_name(queue), checks.actor(actor)
+        return self.backend.resume_queue(queue, actor)
+
+    def paused_queues(self) -> list[PausedQueue]:
+        """Every paused queue with when and by whom it was paused."""
+        return self.backend.paused_queues()
 
     def find_jobs(
         self,

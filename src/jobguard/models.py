@@ -225,6 +225,7 @@ class QueueStats:
         oldest_ready_at: When the oldest ready job became due (``None``: none ready).
         oldest_running_since: When the oldest running delivery started (``None``: none).
         shortest_lease_s: The shortest visibility timeout among running jobs (``None``: none).
+        paused: Whether the queue is paused (workers take none of its jobs).
     """
 
     queue: str
@@ -235,6 +236,7 @@ class QueueStats:
     oldest_ready_at: float | None = None
     oldest_running_since: float | None = None
     shortest_lease_s: float | None = None
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +258,22 @@ class AuditEntry:
     action: str
     target: str
     detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class PausedQueue:
+    """A paused queue: no worker leases its jobs until it is resumed.
+
+    Attributes:
+        queue: The queue name.
+        paused_at: Store time after which no job of the queue was leased (the pause had been
+            committed by then).
+        paused_by: Who paused it (the audit trail's actor).
+    """
+
+    queue: str
+    paused_at: float
+    paused_by: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from jobguard.models import (
     Operation,
     Outcome,
     OutcomeCount,
+    PausedQueue,
     QueueStats,
     ScheduleState,
 )
@@ -382,6 +383,20 @@ class InspectPort(Protocol):
 
     def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent operator actions, newest first."""
+
+    def pause_queue(self, queue: str, actor: str) -> bool:
+        """Stop every worker leasing jobs of ``queue``; audited under ``actor``.
+
+        Jobs already leased finish; enqueues still land. ``False``, writing nothing, if the
+        queue was paused already. Once this returns, no job of the queue is leased until
+        :meth:`resume_queue`, and the state is the store's (it survives restarts).
+        """
+
+    def resume_queue(self, queue: str, actor: str) -> bool:
+        """Let workers lease jobs of ``queue`` again, audited; ``False`` if it was not paused."""
+
+    def paused_queues(self) -> list[PausedQueue]:
+        """Every paused queue, by name."""
 
 
 class SchedulePort(Protocol):

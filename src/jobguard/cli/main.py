@@ -52,6 +52,7 @@ COMMANDS = {
     "dashboard": "jobguard.cli.dashboard_cmd:dashboard",
     "scheduler": "jobguard.cli.schedule_cmd:scheduler",
     "schedules": "jobguard.cli.schedule_cmd:schedules",
+    "queue": "jobguard.cli.queue_cmd:queue",
 }
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
@@ -66,6 +67,7 @@ SHORT_HELP = {
     "jobs": "List jobs, newest first.",
     "migrate": "Apply the store's schema migrations (--dry-run shows the SQL).",
     "prune": "Delete old completed jobs and their attempts (retention).",
+    "queue": "Pause, resume and list queues.",
     "scheduler": "Enqueue each tick of the periodic tasks as one job.",
     "schedules": "List the periodic tasks, their next fire times and last tick.",
     "worker": "Run a worker process.",

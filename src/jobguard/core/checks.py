@@ -90,3 +90,19 @@ def exception_classes(name: str, value: Any) -> tuple[type[BaseException], ...]:
                 f"{name} must be a tuple of exception classes, but it holds {item!r}"
             )
     return items
+
+
+MAX_ACTOR_CHARS = 200
+
+
+def actor(value: Any) -> str:
+    """Who an operator action is by (the audit trail's actor): 1 to 200 printable characters."""
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= MAX_ACTOR_CHARS
+        or not value.isprintable()
+    ):
+        raise ConfigurationError(
+            f"actor must be 1 to {MAX_ACTOR_CHARS} printable characters, got {value!r:.60}"
+        )
+    return value

@@ -26,8 +26,9 @@ DOCTOR_LIMIT = 5000
 
 def overview(app: App, query: Params) -> Page:
     """Per queue depth, in flight, oldest ages; attempts per interval over the window."""
-    params.check_known(query, {"since"})
+    params.check_known(query, {"since", "notice"})
     since_s = params.since_s(query, 3600)
+    notice = params.single(query, "notice")
     now = app.backend.now()
     found = {stats.queue: stats for stats in app.queue_stats()}
     for queue in app.queues():
@@ -60,6 +61,7 @@ def overview(app: App, query: Params) -> Page:
         "completed": completed,
         "failed": failed,
         "seconds": charts.seconds,
+        "notice": notice if notice in ("paused", "resumed") else None,
     }
 
 

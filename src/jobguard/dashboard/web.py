@@ -201,6 +201,18 @@ class Dashboard:
         notice = "purged" if purged else "purged-none"
         return RedirectResponse(f"/dlq?notice={notice}", status_code=303)
 
+    async def pause_queue(self, request: Request) -> Response:
+        """POST ``/queues/{queue}/pause``: the overview's button, audited."""
+        actor = self.actor(request)
+        await run_in_threadpool(self.app.pause_queue, request.path_params["queue"], actor=actor)
+        return RedirectResponse("/?notice=paused", status_code=303)
+
+    async def resume_queue(self, request: Request) -> Response:
+        """POST ``/queues/{queue}/resume``: the overview's button, audited."""
+        actor = self.actor(request)
+        await run_in_threadpool(self.app.resume_queue, request.path_params["queue"], actor=actor)
+        return RedirectResponse("/?notice=resumed", status_code=303)
+
     async def login_page(self, request: Request) -> Response:
         """The login form (``next`` is where to go afterwards, a local path only)."""
         query = parse_qs(request.url.query, max_num_fields=5)
@@ -262,6 +274,14 @@ class Dashboard:
             Route("/audit", self.page(pages.audit)),
             Route("/dlq/{job_id}/replay", self.guarded(self.replay, post=True), methods=["POST"]),
             Route("/dlq/{job_id}/purge", self.guarded(self.purge, post=True), methods=["POST"]),
+            Route(
+                "/queues/{queue}/pause", self.guarded(self.pause_queue, post=True), methods=["POST"]
+            ),
+            Route(
+                "/queues/{queue}/resume",
+                self.guarded(self.resume_queue, post=True),
+                methods=["POST"],
+            ),
             Route("/login", self.login_page, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
             Route("/logout", self.guarded(self.logout, post=True), methods=["POST"]),

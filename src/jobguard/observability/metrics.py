@@ -14,7 +14,8 @@ queue], ``jobguard_retries_total``, ``jobguard_lock_busy_deferrals_total`` [task
 
 Store metrics (:class:`StoreCollector`, per queue): ``jobguard_queue_depth`` (ready),
 ``jobguard_queue_scheduled``, ``jobguard_jobs_in_flight``, ``jobguard_queue_oldest_age_seconds``,
-``jobguard_dlq_size``, and ``jobguard_store_up`` (0 when the read failed).
+``jobguard_dlq_size``, ``jobguard_queue_paused`` (1 while paused), and ``jobguard_store_up``
+(0 when the read failed).
 """
 
 from __future__ import annotations
@@ -237,6 +238,9 @@ class StoreCollector(Collector):
             "dead": GaugeMetricFamily(
                 "jobguard_dlq_size", "Jobs in the dead letter queue.", labels=["queue"]
             ),
+            "paused": GaugeMetricFamily(
+                "jobguard_queue_paused", "1 while the queue is paused, else 0.", labels=["queue"]
+            ),
         }
         for queue in stats:
             label = [queue.queue]
@@ -246,6 +250,7 @@ class StoreCollector(Collector):
             oldest = 0.0 if queue.oldest_ready_at is None else max(0.0, now - queue.oldest_ready_at)
             gauges["oldest"].add_metric(label, oldest)
             gauges["dead"].add_metric(label, queue.dead)
+            gauges["paused"].add_metric(label, int(queue.paused))
         yield from gauges.values()
 
 

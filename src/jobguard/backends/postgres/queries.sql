@@ -38,9 +38,10 @@ RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
 -- name: ready_jobs
 -- Queued jobs whose time has come, and running jobs whose lease expired (a crashed or stalled
--- worker): both are available_at <= now.
+-- worker): both are available_at <= now. Nothing of a paused queue: the one place a pause acts.
 SELECT id, task, status, attempts, max_attempts, lease_token FROM {schema}.jobs
 WHERE queue = %(queue)s AND status IN ('queued', 'running') AND available_at <= %(now)s
+  AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues WHERE queue = %(queue)s)
 ORDER BY priority DESC, available_at, id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -283,6 +284,7 @@ SELECT
 -- A cheap read-only look before taking the write lock for a fetch.
 SELECT 1 FROM {schema}.jobs
 WHERE queue = ANY(%(queues)s::text[]) AND status IN ('queued', 'running') AND available_at <= %(now)s
+  AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = jobs.queue)
 LIMIT 1;
 
 -- name: prunable_jobs
@@ -360,3 +362,22 @@ WHERE name = %(name)s AND cursor = %(expected)s;
 -- name: record_schedule_job
 UPDATE {schema}.schedules SET last_tick = %(tick)s, last_job_id = %(job_id)s
 WHERE name = %(name)s;
+
+-- Paused queues. A pause is a row; it takes effect when committed, and is then stamped with the
+-- time (so no lease of the queue is granted after paused_at). Resume deletes the row.
+
+-- name: pause_queue
+INSERT INTO {schema}.paused_queues (queue, paused_at, paused_by)
+VALUES (%(queue)s, %(now)s, %(actor)s)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue;
+
+-- name: stamp_pause
+UPDATE {schema}.paused_queues SET paused_at = %(now)s
+WHERE queue = %(queue)s AND paused_by = %(actor)s;
+
+-- name: resume_queue
+DELETE FROM {schema}.paused_queues WHERE queue = %(queue)s RETURNING queue;
+
+-- name: paused_queues
+SELECT queue, paused_at, paused_by FROM {schema}.paused_queues ORDER BY queue;

@@ -66,7 +66,9 @@ CREATE TABLE attempts (
     error_message   text,
     traceback       text,
     steps_run       integer NOT NULL DEFAULT 0,
-    steps_skipped   integer NOT NULL DEFAULT 0
+    steps_skipped   integer NOT NULL DEFAULT 0,
+    -- The host queue's own id of the delivery (a guarded Celery, RQ or Dramatiq task).
+    host_delivery   text
 );
 CREATE INDEX attempts_job ON attempts (job_id, id);
 CREATE INDEX attempts_operation ON attempts (operation_key, id) WHERE operation_key IS NOT NULL;
@@ -123,4 +125,12 @@ CREATE TABLE schedules (
     last_tick    bigint,
     last_job_id  bigint,
     updated_at   double precision NOT NULL
+);
+
+-- Paused queues: one row per paused queue; a fetch skips a queue that has one.
+CREATE TABLE paused_queues (
+    queue      text PRIMARY KEY,
+    -- When the pause took effect (stamped after it was committed) and who paused it.
+    paused_at  double precision NOT NULL,
+    paused_by  text NOT NULL
 );

@@ -135,7 +135,8 @@ class Reads:
     # -- inspect port (operator views) ----------------------------------------------------------
 
     def queue_stats(self) -> list[QueueStats]:
-        """Per queue: backlog, running and dead counts, oldest ready and running (three reads)."""
+        """Per queue: backlog, running and dead counts, oldest ready and running, paused (four
+        reads)."""
 
         def op(tx: Tx) -> list[QueueStats]:
             found: dict[str, dict[str, Any]] = {}
@@ -145,6 +146,8 @@ class Reads:
                     values = found.setdefault(row["queue"], {})
                     for name in _QUEUE_FIELDS.get(query, ()):
                         values[name] = row[name]
+            for row in tx.all("paused_queues", {}):
+                found.setdefault(row["queue"], {})["paused"] = True
             return [rows.queue_stats(queue, values) for queue, values in sorted(found.items())]
 
         return self.driver.read(op)

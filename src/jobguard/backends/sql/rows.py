@@ -131,6 +131,7 @@ def queue_stats(queue: str, values: Mapping[str, Any]) -> QueueStats:
         oldest_ready_at=values.get("oldest_ready_at"),
         oldest_running_since=values.get("oldest_running_since"),
         shortest_lease_s=values.get("shortest_lease_s"),
+        paused=bool(values.get("paused")),
     )
 
 

@@ -8,12 +8,13 @@ each statement is named and lives in the driver's ``queries.sql``. Decisions (re
 reason codes) are made above the port and arrive here as facts; sentences come from
 :mod:`jobguard.core.messages`.
 
-The store is four parts by role, composed here:
+The store is five parts by role, composed here:
 
 - :class:`~jobguard.backends.sql.leases.Leases`: enqueue, fetch (with each batch's begin), renew;
 - :class:`~jobguard.backends.sql.endings.EndingWrites`: :meth:`settle`, how deliveries end;
 - :class:`~jobguard.backends.sql.proofs.Proofs`: locks with fences, operation claims, steps;
-- :class:`~jobguard.backends.sql.reads.Reads`: jobs, attempts, operator views, schedules.
+- :class:`~jobguard.backends.sql.reads.Reads`: jobs, attempts, operator views, schedules;
+- :class:`~jobguard.backends.sql.pauses.Pauses`: paused queues.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from jobguard.backends.base import (
 from jobguard.backends.sql.driver import Driver
 from jobguard.backends.sql.endings import EndingWrites
 from jobguard.backends.sql.leases import Leases
+from jobguard.backends.sql.pauses import Pauses
 from jobguard.backends.sql.proofs import Proofs
 from jobguard.backends.sql.reads import Reads
 from jobguard.exceptions import JobGuardError
@@ -46,6 +48,7 @@ from jobguard.models import (
     LockGrant,
     Operation,
     OutcomeCount,
+    PausedQueue,
     QueueStats,
     ScheduleState,
 )
@@ -71,6 +74,7 @@ class SQLStore:
         self._leases = Leases(driver, self._proofs)
         self._endings = EndingWrites(driver)
         self._reads = Reads(driver)
+        self._pauses = Pauses(driver)
 
     def close(self) -> None:
         """Close this process's connections."""
@@ -220,6 +224,18 @@ class SQLStore:
     def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent operator actions, newest first."""
         return self._reads.audit_trail(limit)
+
+    def pause_queue(self, queue: str, actor: str) -> bool:
+        """Pause a queue, audited (``False``: it was paused already)."""
+        return self._pauses.pause_queue(queue, actor)
+
+    def resume_queue(self, queue: str, actor: str) -> bool:
+        """Resume a queue, audited (``False``: it was not paused)."""
+        return self._pauses.resume_queue(queue, actor)
+
+    def paused_queues(self) -> list[PausedQueue]:
+        """Every paused queue, by name."""
+        return self._pauses.paused_queues()
 
     def schedule_states(
         self,

@@ -37,9 +37,10 @@ RETURNING *;
 
 -- name: ready_jobs
 -- Queued jobs whose time has come, and running jobs whose lease expired (a crashed or stalled
--- worker): both are available_at <= now.
+-- worker): both are available_at <= now. Nothing of a paused queue: the one place a pause acts.
 SELECT id, task, status, attempts, max_attempts, lease_token FROM jobs
 WHERE queue = :queue AND status IN ('queued', 'running') AND available_at <= :now
+  AND NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = :queue)
 ORDER BY priority DESC, available_at, id
 LIMIT :limit;
 
@@ -312,6 +313,7 @@ SELECT
 -- A cheap read-only look before taking the write lock for a fetch.
 SELECT 1 FROM jobs
 WHERE queue IN (SELECT value FROM json_each(:queues)) AND status IN ('queued', 'running') AND available_at <= :now
+  AND NOT EXISTS (SELECT 1 FROM paused_queues p WHERE p.queue = jobs.queue)
 LIMIT 1;
 
 -- name: prunable_jobs
@@ -381,3 +383,20 @@ WHERE name = :name AND cursor = :expected;
 
 -- name: record_schedule_job
 UPDATE schedules SET last_tick = :tick, last_job_id = :job_id WHERE name = :name;
+
+-- Paused queues. A pause is a row; it takes effect when committed, and is then stamped with the
+-- time (so no lease of the queue is granted after paused_at). Resume deletes the row.
+
+-- name: pause_queue
+INSERT INTO paused_queues (queue, paused_at, paused_by) VALUES (:queue, :now, :actor)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue;
+
+-- name: stamp_pause
+UPDATE paused_queues SET paused_at = :now WHERE queue = :queue AND paused_by = :actor;
+
+-- name: resume_queue
+DELETE FROM paused_queues WHERE queue = :queue RETURNING queue;
+
+-- name: paused_queues
+SELECT queue, paused_at, paused_by FROM paused_queues ORDER BY queue;

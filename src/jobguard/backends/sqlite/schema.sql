@@ -65,7 +65,9 @@ CREATE TABLE IF NOT EXISTS attempts (
     error_message   TEXT,
     traceback       TEXT,
     steps_run       INTEGER NOT NULL DEFAULT 0,
-    steps_skipped   INTEGER NOT NULL DEFAULT 0
+    steps_skipped   INTEGER NOT NULL DEFAULT 0,
+    -- The host queue's own id of the delivery (a guarded Celery, RQ or Dramatiq task).
+    host_delivery   TEXT
 );
 CREATE INDEX IF NOT EXISTS attempts_job ON attempts (job_id, id);
 CREATE INDEX IF NOT EXISTS attempts_operation ON attempts (operation_key, id)
@@ -130,4 +132,12 @@ CREATE TABLE IF NOT EXISTS schedules (
     last_tick    INTEGER,
     last_job_id  INTEGER,
     updated_at   REAL    NOT NULL
+);
+
+-- Paused queues: one row per paused queue; a fetch skips a queue that has one.
+CREATE TABLE IF NOT EXISTS paused_queues (
+    queue      TEXT PRIMARY KEY,
+    -- When the pause took effect (stamped after it was committed) and who paused it.
+    paused_at  REAL NOT NULL,
+    paused_by  TEXT NOT NULL
 );
