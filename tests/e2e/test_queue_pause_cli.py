@@ -31,6 +31,17 @@ def test_pause_list_resume_through_the_cli(store_url: str) -> None:
     assert listed.returncode == 0, listed.stderr
     assert "emails" in listed.stdout
     assert "paused" in listed.stdout
+    jobs = subprocess.run(
+        [*entry_point(), "--url", store_url, "jobs"],
+        cwd=REPO_ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert jobs.returncode == 0, jobs.stderr
+    assert "paused queues (no job of theirs starts): emails" in jobs.stdout
     again = cli(store_url, "pause", "emails")
     assert (again.returncode, "already paused" in again.stdout) == (0, True)
     app = make_app(store_url)

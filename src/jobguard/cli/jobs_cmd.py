@@ -287,6 +287,9 @@ def jobs(state: CliState, status: str | None, limit: int, as_json: bool) -> None
     out.print(jobs_table(f"jobs ({status or 'all states'})", found))
     counts = app.counts()
     out.print("  ".join(f"{s.value} {counts[s]}" for s in JobStatus))
+    paused = [p.queue for p in app.paused_queues()]
+    if paused:
+        out.print(safe_text(f"paused queues (no job of theirs starts): {', '.join(paused)}"))
 
 
 @click.command()
