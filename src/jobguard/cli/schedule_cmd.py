@@ -13,7 +13,7 @@ from jobguard.cli.jobs_cmd import console, table
 from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
 from jobguard.core.schedules import Cron
-from jobguard.exceptions import NotFoundError
+from jobguard.exceptions import JobGuardError, NotFoundError
 from jobguard.models import ScheduleState
 from jobguard.process import ignore_stop_signals
 from jobguard.schedule import Schedule
@@ -66,6 +66,11 @@ def scheduler(
         # Its store cannot be used (file deleted or replaced, or read-only): exit 3 with the
         # same error line as a worker's.
         raise runner.failure
+    if once and runner.failures:
+        # The others were enqueued; exit 1 so that cron or CI sees the broken schedule.
+        raise JobGuardError(
+            "; ".join(f"schedule {name!r} failed: {why}" for name, why in runner.failures.items())
+        )
 
 
 def _iso(tick: int | None, schedule: Schedule) -> str | None:
