@@ -20,7 +20,7 @@ import pytest
 
 from jobguard import App, ConfigurationError, Context
 from jobguard.scheduler import Scheduler
-from tests.support.procs import clean_env, entry_point
+from tests.e2e.test_cli import run_process
 
 
 def handler(ctx: Context, tick: datetime) -> None:
@@ -121,15 +121,7 @@ def beat(ctx, tick):
 
 
 def jobguard(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*entry_point(), *args],
-        check=False,
-        cwd=tmp_path,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_process(list(args), tmp_path)
 
 
 def test_scheduler_once_enqueues_the_others_and_exits_1_naming_the_broken_one(

@@ -9,8 +9,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from jobguard.exceptions import ConfigurationError
 
 DEFAULT_SCHEMA = "jobguard"
-# An unquoted PostgreSQL identifier, lower case, within NAMEDATALEN (63 bytes).
-IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# PostgreSQL names end at 63 bytes, and the schema's notification channel is ``SCHEMA_jobs``:
+# a longer schema would migrate, then fail every enqueue.
+CHANNEL_SUFFIX = "_jobs"
+MAX_SCHEMA_LENGTH = 63 - len(CHANNEL_SUFFIX)
+# An unquoted PostgreSQL identifier, lower case, that leaves room for its channel's name.
+IDENTIFIER = re.compile(rf"[a-z_][a-z0-9_]{{0,{MAX_SCHEMA_LENGTH - 1}}}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +31,8 @@ def check_schema_name(schema: str) -> str:
     if not isinstance(schema, str) or not IDENTIFIER.fullmatch(schema):
         raise ConfigurationError(
             f"schema name {schema!r} is not a plain identifier (a lower-case letter or '_', "
-            "then letters, digits or '_'; 63 characters at most)"
+            f"then letters, digits or '_'; {MAX_SCHEMA_LENGTH} characters at most, so that its "
+            f"notification channel, SCHEMA{CHANNEL_SUFFIX}, fits PostgreSQL's 63)"
         )
     return schema
 

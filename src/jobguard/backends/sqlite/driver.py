@@ -208,6 +208,12 @@ class SQLiteDriver:
                 f"not {type(connection).__name__}"
             )
         try:
+            _ = connection.total_changes  # raises on a closed connection, before any SQL
+        except sqlite3.ProgrammingError:
+            raise ConfigurationError(
+                "connection= is closed: pass an open sqlite3 connection to the store's file"
+            ) from None
+        try:
             theirs = conn_path(connection)
         except sqlite3.Error as exc:
             raise ConfigurationError(f"connection= cannot be used: {exc}") from exc
