@@ -13,7 +13,13 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
-from jobguard.backends import DEFAULT_URL, check_store_url, migrate_store, open_backend
+from jobguard.backends import (
+    DEFAULT_URL,
+    check_store_url,
+    display_url,
+    migrate_store,
+    open_backend,
+)
 from jobguard.backends.base import Backend
 from jobguard.core import checks
 from jobguard.core.retry import RetryPolicy
@@ -156,8 +162,9 @@ class App:
             self.url = backend.url  # as the backend shows it (a password masked)
             self._migrate_url: str | None = None
         else:
-            self.url = check_store_url(DEFAULT_URL if url is None else url)
-            self._migrate_url = self.url
+            checked = check_store_url(DEFAULT_URL if url is None else url)
+            self.url = display_url(checked)  # what may be shown: a password masked
+            self._migrate_url = checked
         self._backend = backend
         self._backend_lock = threading.Lock()
         self.max_payload_bytes = max_payload_bytes
@@ -172,7 +179,8 @@ class App:
         if self._backend is None:
             with self._backend_lock:
                 if self._backend is None:
-                    self._backend = open_backend(self.url)
+                    assert self._migrate_url is not None  # set whenever no backend was given
+                    self._backend = open_backend(self._migrate_url)
         return self._backend
 
     def migrate(self, *, dry_run: bool = False) -> tuple[int, list[str]]:

@@ -53,6 +53,16 @@ def check_store_url(url: str) -> str:
     return url
 
 
+def display_url(url: str) -> str:
+    """A checked store URL as it may be shown: a PostgreSQL password masked (``***``), whether
+    it was given before the ``@`` or as ``?password=``."""
+    if urlsplit(url).scheme in POSTGRES_SCHEMES:
+        from jobguard.backends.postgres.url import display_url as postgres_display
+
+        return postgres_display(url)
+    return url
+
+
 def open_backend(url: str | None = None) -> Backend:
     """Open the backend a URL names: ``sqlite:///path`` (the default) or ``postgresql://…``."""
     url = check_store_url(DEFAULT_URL if url is None else url)

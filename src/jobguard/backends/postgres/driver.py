@@ -178,6 +178,7 @@ class PostgresDriver:
             raise ConfigurationError(f"pool_size must be an integer >= 1, not {pool_size!r}")
         parsed = parse_postgres_url(url, schema)
         self.url = parsed.display
+        self._redact = parsed.redact
         self.schema = parsed.schema
         self._conninfo = parsed.conninfo
         self._queries = render_queries(self.schema)
@@ -204,7 +205,7 @@ class PostgresDriver:
             )
         except psycopg.Error as exc:
             raise StoreUnavailableError(
-                f"cannot connect to PostgreSQL at {self.url}: {str(exc).strip()}"
+                f"cannot connect to PostgreSQL at {self.url}: {self._redact(str(exc).strip())}"
             ) from exc
 
     def _pool_of_this_process(self) -> ConnectionPool[psycopg.Connection[Any]]:

@@ -9,6 +9,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from jobguard.exceptions import ConfigurationError
 
 DEFAULT_SCHEMA = "jobguard"
+MASK = "***"
 # PostgreSQL names end at 63 bytes, and the schema's notification channel is ``SCHEMA_jobs``:
 # a longer schema would migrate, then fail every enqueue.
 CHANNEL_SUFFIX = "_jobs"
@@ -24,6 +25,11 @@ class PostgresURL:
     conninfo: str
     schema: str
     display: str
+    password: str | None = None
+
+    def redact(self, text: str) -> str:
+        """``text`` (a driver's error message, say) with the password masked wherever it is."""
+        return text.replace(self.password, MASK) if self.password else text
 
 
 def check_schema_name(schema: str) -> str:
@@ -59,9 +65,23 @@ def parse_postgres_url(url: str, schema: str | None = None) -> PostgresURL:
             options.append((key, value))
     conninfo = urlunsplit(parts._replace(query=urlencode(options)))
     netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-    display = urlunsplit(parts._replace(netloc=netloc))
+    password = parts.password
+    if password is not None:
+        netloc = netloc.replace(f":{password}@", f":{MASK}@", 1)
+    shown = []
+    for key, value in query:
+        if key == "password":  # libpq takes it in the query too: masked the same
+            password = value
+        shown.append((key, MASK if key == "password" else value))
+    display = urlunsplit(parts._replace(netloc=netloc, query=urlencode(shown, safe="*")))
     return PostgresURL(
-        conninfo, check_schema_name(DEFAULT_SCHEMA if chosen is None else chosen), display
+        conninfo,
+        check_schema_name(DEFAULT_SCHEMA if chosen is None else chosen),
+        display,
+        password or None,
     )
+
+
+def display_url(url: str) -> str:
+    """A PostgreSQL URL as it may be shown: its password masked (``***``)."""
+    return parse_postgres_url(url).display
