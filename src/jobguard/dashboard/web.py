@@ -11,7 +11,6 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, quote
 
@@ -26,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobguard.app import App
+from jobguard.core.text import utc_text
 from jobguard.dashboard import pages, params
 from jobguard.dashboard.security import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Access
 from jobguard.exceptions import (
@@ -56,7 +56,7 @@ ERROR_STATUS: tuple[tuple[type[JobGuardError], int], ...] = (
 def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return utc_text(ts)
 
 
 class Dashboard:
