@@ -167,3 +167,37 @@ def test_an_app_module_that_cannot_be_imported_exits_2_with_one_line(
     assert lines[0].startswith("error: ")
     assert message in lines[0]
     assert "bug in jobguard" not in lines[0]
+
+
+def test_migrate_dry_run_on_sqlite_creates_nothing_and_changes_nothing(tmp_path: Path) -> None:
+    """``jobguard migrate --dry-run`` (a real process) prints the SQL a missing file would get
+    without creating it, and leaves an existing file's bytes and journal mode as they were."""
+    from tests.e2e.test_cli import run_process
+
+    missing = tmp_path / "missing.db"
+    dry = run_process(["--url", f"sqlite:///{missing}", "migrate", "--dry-run"], tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "CREATE TABLE IF NOT EXISTS jobs" in dry.stdout
+    assert "would apply" in dry.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+    theirs = tmp_path / "theirs.db"
+    with closing(sqlite3.connect(theirs)) as conn, conn:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    before = theirs.read_bytes()
+    dry = run_process(["--url", f"sqlite:///{theirs}", "migrate", "--dry-run"], tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "CREATE TABLE IF NOT EXISTS jobs" in dry.stdout
+    assert theirs.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]
+    with closing(sqlite3.connect(theirs)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+    current = tmp_path / "current.db"
+    App(f"sqlite:///{current}").counts()  # a store at this version
+    before = current.read_bytes()
+    dry = run_process(["--url", f"sqlite:///{current}", "migrate", "--dry-run"], tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout == ""
+    assert "nothing to apply" in dry.stderr
+    assert current.read_bytes() == before

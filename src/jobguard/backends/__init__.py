@@ -83,8 +83,15 @@ def migrate_store(url: str | None = None, *, dry_run: bool = False) -> tuple[int
     """
     url = check_store_url(DEFAULT_URL if url is None else url)
     if urlsplit(url).scheme == "sqlite":
-        from jobguard.backends.sqlite.connection import SQLiteOptions, migrate, open_connection
+        from jobguard.backends.sqlite.connection import (
+            SQLiteOptions,
+            migrate,
+            open_connection,
+            planned_migrations,
+        )
 
+        if dry_run:  # creates no file and changes none (not even its journal mode)
+            return planned_migrations(sqlite_path(url))
         conn = open_connection(SQLiteOptions(sqlite_path(url)))
         try:
             return migrate(conn, dry_run=dry_run)
