@@ -56,7 +56,7 @@ def scheduler(
     stop_on_signals(runner.stop)
     # Open the store before saying so, as a worker does: from the line on, it runs on that
     # store, and a file deleted or replaced under it is noticed.
-    _ = app.backend
+    app.backend.check_usable()  # a read-only file: one error line, before the line below
     listed = ", ".join(s.name for s in runner.schedules)
     click.echo(f"scheduler {runner.scheduler_id} for {listed}", err=True)
     stats = runner.run(once=once)

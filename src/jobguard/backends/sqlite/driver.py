@@ -194,6 +194,12 @@ class SQLiteDriver:
         if not replaced and deep:
             self._identity_checked = time.monotonic()
             replaced = _identity(self.path) != self._identity
+        if not replaced and not os.access(self.path, os.W_OK):
+            # A read-only file (or file system) answers reads but refuses every write.
+            raise StoreBrokenError(
+                f"the SQLite file {self.path!r} is read-only: a worker or scheduler cannot "
+                "use it; make it writable, then start the process again"
+            )
         if replaced:
             raise StoreBrokenError(
                 f"the SQLite file {self.path!r} was deleted or replaced while in use; "
