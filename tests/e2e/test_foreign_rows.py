@@ -17,9 +17,11 @@ import pytest
 from jobguard import App, Context, Outcome
 from jobguard.testing import drain
 from tests.e2e.test_cli import run_process
+from tests.observability.conftest import Client, Served, served, start_cli
 from tests.support import stores
 
 FAR = 1e300
+__all__ = ["served"]  # the fixture
 
 
 def make_app(url: str) -> App:
@@ -119,3 +121,28 @@ def test_the_api_reads_foreign_rows_as_they_are(foreign: App) -> None:
         foreign.diagnose()
     finally:
         foreign.close()
+
+
+def test_the_dashboard_shows_foreign_rows(
+    foreign: App, store_url: str, served: list[Served]
+) -> None:
+    """Served for real and read over HTTP: every page over those rows is a 200, not a 500."""
+    foreign.close()
+    proc = start_cli(store_url, ["--url", store_url, "dashboard", "--port", "0"], "dashboard at")
+    served.append(proc)
+    client = Client(proc.url)
+    for path in [
+        "/jobs?page=1",
+        "/jobs",
+        "/jobs/1",
+        "/jobs/2",
+        "/jobs/3",
+        "/jobs/4",
+        "/dlq",
+        "/operations?key=fine:1",
+        "/operations?key=fine:2",
+        "/doctor",
+    ]:
+        reply = client.request(path)
+        assert reply.status == 200, (path, reply.body[-500:])
+    assert "quarantined" in client.request("/jobs/1").body
