@@ -93,6 +93,14 @@ def test_the_cli_exits_2_not_3_for_a_nul_in_an_operation_key(
     assert "NUL" in lines[0]
 
 
+@pytest.mark.parametrize("worker_id", ["w\x00x", "", "   ", 5])
+def test_a_worker_id_with_a_nul_byte_is_refused_when_the_worker_is_made(
+    shop: App, worker_id: Any
+) -> None:
+    with pytest.raises(ConfigurationError, match="worker_id"):
+        shop.worker(worker_id=worker_id, install_signal_handlers=False)
+
+
 def test_a_schema_name_must_leave_room_for_its_channel_name() -> None:
     """The notification channel is ``SCHEMA_jobs`` and PostgreSQL names end at 63 bytes."""
     longest = "s" * MAX_SCHEMA_LENGTH
