@@ -132,7 +132,7 @@ def test_the_dashboard_shows_foreign_rows(
     served.append(proc)
     client = Client(proc.url)
     for path in [
-        "/jobs?page=1",
+        "/",
         "/jobs",
         "/jobs/1",
         "/jobs/2",
