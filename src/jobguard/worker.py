@@ -153,8 +153,8 @@ class Worker:
         )
         self.grace_s = checks.seconds("grace_s", grace_s)
         self.poll_interval_s = checks.seconds("poll_interval_s", poll_interval_s, positive=True)
-        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id.strip()):
-            raise ConfigurationError(f"worker_id must be non-empty text, not {worker_id!r}")
+        # Text every store takes: a NUL made every fetch on PostgreSQL fail, as an outage.
+        worker_id = checks.optional_text("worker_id", worker_id)
         self.retention_s = checks.optional_seconds("retention_s", retention_s)
         self.app = app
         self.queues = [check_queue_name(q) for q in (queues or app.queues())]

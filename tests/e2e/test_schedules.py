@@ -70,7 +70,7 @@ def handler(ctx: Context, tick: datetime) -> None:
         ({"every": 60, "timezone": "Europe/Berlin"}, "timezone applies to cron= only"),
         ({"every": timedelta(milliseconds=500)}, "whole number of seconds"),
         ({"every": 60, "missed": "catch-up"}, "missed must be 'skip', 'last' or a number"),
-        ({"every": 60, "grace_s": -1}, "grace_s, jitter_s and dedup_window_s must be >= 0"),
+        ({"every": 60, "grace_s": -1}, "grace_s must be >= 0"),
         ({"every": 60, "operation_key": "report"}, "must contain {tick}"),
         ({"every": 60, "queue": "no spaces"}, "is not a plain identifier"),
         ({"every": 60, "queu": "reports"}, "unknown option(s) queu; besides its own"),

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -20,7 +19,7 @@ from rich.text import Text
 
 from jobguard.cli.state import CliState
 from jobguard.core import checks
-from jobguard.core.text import escape_controls
+from jobguard.core.text import escape_controls, utc_text
 from jobguard.exceptions import NotFoundError, PayloadError
 from jobguard.models import Attempt, Job, JobStatus
 
@@ -66,7 +65,7 @@ def when(ts: float | None) -> str:
     """Store seconds as ``YYYY-MM-DD HH:MM:SS`` UTC; ``-`` for none."""
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return utc_text(ts)
 
 
 def duration(seconds: float | None) -> str:

@@ -122,6 +122,8 @@ def worker(
     stop_on_signals(runner.stop)
     if metrics_url is not None:
         click.echo(f"metrics at {metrics_url}", err=True)
+    # A store it cannot write (a read-only file) is said in one line, before it announces itself.
+    app.backend.check_usable()
     # Printed once a signal is handled gracefully, so it also tells scripts "ready".
     click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
     stats = runner.run(burst=burst)

@@ -19,7 +19,13 @@ def never_reported_back(attempts: int, max_attempts: int) -> str:
 
 
 def dead_reason(code: str | None, text: str | None, attempts: int, max_attempts: int) -> str | None:
-    """The reason shown for a dead job: the stored text, or the words for its code."""
+    """The reason shown for a dead job: the stored text, or the words for its code.
+
+    A code this version does not know (a newer one wrote it) is named beside the text.
+    """
+    if code and code not in set(DeadCode):
+        unknown = f"dead code {code!r}, unknown to this version of jobguard"
+        return f"{text} ({unknown})" if text else unknown
     if text:
         return text
     if code == DeadCode.LOST:

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from jobguard.exceptions import ConfigurationError, JobGuardError
 from jobguard.hooks import AttemptEvent, Hooks
-from jobguard.models import Delivery, Job, Outcome
+from jobguard.models import Delivery, Job, Outcome, QueueStats
 
 if TYPE_CHECKING:
     from jobguard.app import App
@@ -238,7 +238,7 @@ class StoreCollector(Collector):
                 "jobguard_dlq_size", "Jobs in the dead letter queue.", labels=["queue"]
             ),
         }
-        for queue in stats:
+        for queue in capped_queues(stats):
             label = [queue.queue]
             gauges["depth"].add_metric(label, queue.ready)
             gauges["scheduled"].add_metric(label, queue.scheduled)
@@ -247,6 +247,32 @@ class StoreCollector(Collector):
             gauges["oldest"].add_metric(label, oldest)
             gauges["dead"].add_metric(label, queue.dead)
         yield from gauges.values()
+
+
+def capped_queues(stats: list[QueueStats], limit: int = MAX_LABEL_VALUES) -> list[QueueStats]:
+    """The first ``limit`` queues by name as they are; the others summed as one ``other``
+    queue (its oldest job the oldest of theirs), so the queue label stays bounded."""
+    ordered = sorted(stats, key=lambda queue: queue.queue)
+    kept, rest = ordered[:limit], ordered[limit:]
+    if not rest:
+        return kept
+    named = [queue for queue in kept if queue.queue != OTHER]
+    folded = [*rest, *(queue for queue in kept if queue.queue == OTHER)]
+
+    def least(values: list[float | None]) -> float | None:
+        return min((value for value in values if value is not None), default=None)
+
+    other = QueueStats(
+        queue=OTHER,
+        ready=sum(queue.ready for queue in folded),
+        scheduled=sum(queue.scheduled for queue in folded),
+        running=sum(queue.running for queue in folded),
+        dead=sum(queue.dead for queue in folded),
+        oldest_ready_at=least([queue.oldest_ready_at for queue in folded]),
+        oldest_running_since=least([queue.oldest_running_since for queue in folded]),
+        shortest_lease_s=least([queue.shortest_lease_s for queue in folded]),
+    )
+    return [*named, other]
 
 
 def store_registry(app: App) -> CollectorRegistry:

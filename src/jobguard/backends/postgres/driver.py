@@ -15,6 +15,7 @@ import re
 import select
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -177,6 +178,7 @@ class PostgresDriver:
             raise ConfigurationError(f"pool_size must be an integer >= 1, not {pool_size!r}")
         parsed = parse_postgres_url(url, schema)
         self.url = parsed.display
+        self._redact = parsed.redact
         self.schema = parsed.schema
         self._conninfo = parsed.conninfo
         self._queries = render_queries(self.schema)
@@ -192,6 +194,8 @@ class PostgresDriver:
         self._guard = threading.Lock()
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_pid = -1
+        # Callers' connections already seen to hold this schema (checked once each).
+        self._adopted: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
         """A new autocommit connection of this store's database (closed by the caller)."""
@@ -201,7 +205,7 @@ class PostgresDriver:
             )
         except psycopg.Error as exc:
             raise StoreUnavailableError(
-                f"cannot connect to PostgreSQL at {self.url}: {str(exc).strip()}"
+                f"cannot connect to PostgreSQL at {self.url}: {self._redact(str(exc).strip())}"
             ) from exc
 
     def _pool_of_this_process(self) -> ConnectionPool[psycopg.Connection[Any]]:
@@ -265,6 +269,10 @@ class PostgresDriver:
                 "connection= must be a psycopg Connection to the store's database, "
                 f"not {type(connection).__name__}"
             )
+        if connection.closed:
+            raise ConfigurationError(
+                "connection= is closed: pass an open psycopg connection to the store's database"
+            )
         status = connection.info.transaction_status
         if connection.autocommit and status == TransactionStatus.IDLE:
             raise ConfigurationError(
@@ -273,7 +281,28 @@ class PostgresDriver:
             )
         if status == TransactionStatus.INERROR:
             raise ConfigurationError("connection= is in a failed transaction; roll it back first")
+        if connection not in self._adopted:
+            self._check_adopted_schema(connection)
+            self._adopted.add(connection)
         return self._tx(connection)
+
+    def _check_adopted_schema(self, connection: psycopg.Connection[Any]) -> None:
+        """Refuse a caller's connection to a database without this store's tables, with the
+        reason, instead of psycopg's own error from the enqueue's first statement."""
+        try:
+            row = (
+                connection.cursor(row_factory=tuple_row)
+                .execute("SELECT to_regclass(format('%%I.jobs', %s::text))", [self.schema])
+                .fetchone()
+            )
+        except psycopg.Error as exc:
+            raise ConfigurationError(f"connection= cannot be used: {exc}") from exc
+        if row is None or row[0] is None:
+            raise ConfigurationError(
+                f"connection= is on database {connection.info.dbname!r}, which has no jobguard "
+                f"schema {self.schema!r}: pass a connection to the store's database (or run "
+                "`jobguard migrate` if it is that one)"
+            )
 
     @contextmanager
     def step_connection(self, tx: Tx) -> Iterator[StepConnection]:

@@ -330,7 +330,8 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: outcome_timeline
-SELECT floor((ended_at - %(since)s::float8) / %(bucket_s)s::float8)::bigint AS bucket, outcome,
+-- The bucket stays a float: an ended_at no version wrote (1e300) must not overflow a bigint.
+SELECT floor((ended_at - %(since)s::float8) / %(bucket_s)s::float8) AS bucket, outcome,
        count(*) AS n
 FROM {schema}.attempts
 WHERE id > (SELECT coalesce(max(id), 0) FROM {schema}.attempts) - %(window)s::bigint

@@ -156,6 +156,27 @@ def conn_path(conn: sqlite3.Connection) -> str:
     return ""
 
 
+def planned_migrations(path: str) -> tuple[int, list[str]]:
+    """What migrating the file at ``path`` would apply: (its version, the SQL), changing
+    nothing: a missing file is not created, and an existing one is read without a lock and
+    without switching its journal mode (what ``migrate --dry-run`` shows)."""
+    if not os.path.exists(path):
+        todo = pending(0, migrations_of(_PACKAGE), f"the SQLite database {path!r}")
+        return 0, [sql for _version, _name, sql in todo]
+    try:
+        conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreUnavailableError(f"cannot open SQLite database {path!r}: {exc}") from exc
+    try:
+        current = schema_version(conn)
+        todo = pending(current, migrations_of(_PACKAGE), f"the SQLite database {path!r}")
+    except sqlite3.Error as exc:
+        raise StoreUnavailableError(f"cannot read SQLite database {path!r}: {exc}") from exc
+    finally:
+        conn.close()
+    return current, [sql for _version, _name, sql in todo]
+
+
 def migrate(conn: sqlite3.Connection, *, dry_run: bool = False) -> tuple[int, list[str]]:
     """Apply the migrations this database lacks, in one transaction.
 

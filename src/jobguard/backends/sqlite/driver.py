@@ -194,6 +194,12 @@ class SQLiteDriver:
         if not replaced and deep:
             self._identity_checked = time.monotonic()
             replaced = _identity(self.path) != self._identity
+        if not replaced and not os.access(self.path, os.W_OK):
+            # A read-only file (or file system) answers reads but refuses every write.
+            raise StoreBrokenError(
+                f"the SQLite file {self.path!r} is read-only: a worker or scheduler cannot "
+                "use it; make it writable, then start the process again"
+            )
         if replaced:
             raise StoreBrokenError(
                 f"the SQLite file {self.path!r} was deleted or replaced while in use; "
@@ -207,6 +213,12 @@ class SQLiteDriver:
                 "connection= must be a sqlite3.Connection to the store's file, "
                 f"not {type(connection).__name__}"
             )
+        try:
+            _ = connection.total_changes  # raises on a closed connection, before any SQL
+        except sqlite3.ProgrammingError:
+            raise ConfigurationError(
+                "connection= is closed: pass an open sqlite3 connection to the store's file"
+            ) from None
         try:
             theirs = conn_path(connection)
         except sqlite3.Error as exc:
