@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.url import parse_postgres_url
+from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import NamedStatements, Tx, UserCodeError
 from jobguard.exceptions import ConfigurationError, StepSQLError, StoreUnavailableError
 
@@ -72,7 +73,7 @@ class PostgresTx(NamedStatements):
 
     def __init__(
         self,
-        conn: psycopg.Connection[Any],
+        conn: psycopg.Connection[Any] | LoopBridge,
         queries: Mapping[str, str],
         clock: Callable[[], float] | None,
         server_clock: ServerClock,
@@ -83,8 +84,8 @@ class PostgresTx(NamedStatements):
         self._server_clock = server_clock
 
     @property
-    def connection(self) -> psycopg.Connection[Any]:
-        """The psycopg connection of this transaction."""
+    def connection(self) -> psycopg.Connection[Any] | LoopBridge:
+        """The psycopg connection of this transaction (bridged, for an asyncio caller's)."""
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
@@ -231,7 +232,7 @@ class PostgresDriver:
                     self._pid = pid
         return self._pool
 
-    def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTx:
+    def _tx(self, conn: psycopg.Connection[Any] | LoopBridge) -> PostgresTx:
         return PostgresTx(conn, self._queries, self._clock, self._server_clock)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
@@ -259,14 +260,21 @@ class PostgresDriver:
             raise StoreUnavailableError(f"PostgreSQL read failed: {exc}") from exc
 
     def adopt(self, connection: Any) -> PostgresTx:
-        """The caller's own psycopg connection to this database, inside its transaction."""
-        if not isinstance(connection, psycopg.Connection):
+        """The caller's own connection to this database, inside its transaction.
+
+        A psycopg ``Connection`` (a pooled one too), a SQLAlchemy ``Connection`` or ``Session``
+        on psycopg, or (through :class:`~jobguard.backends.sql.callers.LoopBridge`) a psycopg
+        ``AsyncConnection``.
+        """
+        connection = unwrap(connection)
+        own = connection.target if isinstance(connection, LoopBridge) else connection
+        if not isinstance(own, psycopg.Connection | psycopg.AsyncConnection):
             raise ConfigurationError(
-                "connection= must be a psycopg Connection to the store's database, "
-                f"not {type(connection).__name__}"
+                "connection= must be a psycopg connection to the store's database (or a "
+                f"SQLAlchemy Connection or Session on one), not {type(own).__name__}"
             )
-        status = connection.info.transaction_status
-        if connection.autocommit and status == TransactionStatus.IDLE:
+        status = own.info.transaction_status
+        if own.autocommit and status == TransactionStatus.IDLE:
             raise ConfigurationError(
                 "connection= is in autocommit mode outside a transaction: use "
                 "`with conn.transaction():` so the job commits or rolls back with your writes"

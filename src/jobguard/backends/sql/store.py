@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobguard.backends.base import (
     BeginRequest,
@@ -55,6 +55,9 @@ from jobguard.models import (
     QueueStats,
     ScheduleState,
 )
+
+if TYPE_CHECKING:
+    from jobguard.steptx import StepTransactions
 
 T = TypeVar("T")
 
@@ -994,9 +997,17 @@ class SQLStore:
         self.driver.write(op)
 
     def db_step(
-        self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
+        self,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+        on: StepTransactions | None = None,
     ) -> tuple[bool, Any]:
         """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
+        if on is not None:
+            return self._db_step_on(on, guard, key, name, fn, args)
 
         def op(tx: Tx) -> tuple[bool, Any]:
             stored = self._verify(tx, guard, key, step=name)["step_result"]
@@ -1014,6 +1025,32 @@ class SQLStore:
             return True, value
 
         return self.driver.write(op)
+
+    def _db_step_on(
+        self,
+        on: StepTransactions,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+    ) -> tuple[bool, Any]:
+        """:meth:`db_step` in a transaction of a framework's connection (``ctx.db_step(on=)``).
+
+        The guard is checked again after ``fn``: on PostgreSQL, a lock taken over while ``fn``
+        ran is seen by then, and the ORM's writes roll back with the refusal.
+        """
+        with on.transaction() as (connection, call):
+            tx = self.driver.adopt(connection)
+            stored = self._verify(tx, guard, key, step=name)["step_result"]
+            if stored is not None:
+                return False, json.loads(stored)
+            with self.driver.step_connection(tx):
+                value = call(fn, args)
+            result_json = json.dumps(value)
+            self._verify(tx, guard, key)
+            self._insert_step(tx, guard, key, name, result_json, tx.now())
+            return True, value
 
     def get_operation(self, key: str) -> Operation | None:
         """The operation record with its steps, or ``None``."""

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
+from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import NamedStatements, Tx
 from jobguard.backends.sqlite.clock import host_clock
 from jobguard.backends.sqlite.connection import (
@@ -201,27 +202,49 @@ class SQLiteDriver:
             )
 
     def adopt(self, connection: Any) -> SQLiteTx:
-        """The caller's own open ``sqlite3`` connection to this file, inside its transaction."""
+        """The caller's own open connection to this file, inside its transaction.
+
+        A ``sqlite3`` connection, a SQLAlchemy ``Connection`` or ``Session`` on one, or (through
+        :class:`~jobguard.backends.sql.callers.LoopBridge`) an aiosqlite connection.
+        """
+        connection = unwrap(connection)
+        if isinstance(connection, LoopBridge):
+            return self._adopt_bridged(connection)
         if not isinstance(connection, sqlite3.Connection):
             raise ConfigurationError(
-                "connection= must be a sqlite3.Connection to the store's file, "
-                f"not {type(connection).__name__}"
+                "connection= must be a sqlite3.Connection to the store's file (or a SQLAlchemy "
+                f"Connection or Session on one), not {type(connection).__name__}"
             )
         try:
             theirs = conn_path(connection)
         except sqlite3.Error as exc:
             raise ConfigurationError(f"connection= cannot be used: {exc}") from exc
+        self._check_adopted(theirs, connection.isolation_level, connection.in_transaction)
+        return SQLiteTx(connection, self._clock)
+
+    def _adopt_bridged(self, bridge: LoopBridge) -> SQLiteTx:
+        target = bridge.target
+        if not all(hasattr(target, name) for name in ("in_transaction", "isolation_level")):
+            raise ConfigurationError(
+                "connection= must be an aiosqlite connection to the store's file (or a "
+                f"SQLAlchemy AsyncConnection or AsyncSession on one), not {type(target).__name__}"
+            )
+        names = bridge.execute("PRAGMA database_list").fetchall()
+        theirs = next((str(row["file"]) for row in names if row["name"] == "main"), "")
+        self._check_adopted(theirs, target.isolation_level, target.in_transaction)
+        return SQLiteTx(bridge, self._clock)  # type: ignore[arg-type]  # a DB-API face
+
+    def _check_adopted(self, theirs: str, isolation_level: str | None, in_tx: bool) -> None:
         if not theirs or os.path.realpath(theirs) != os.path.realpath(self.path):
             raise ConfigurationError(
                 f"connection= is open on {theirs or 'an in-memory database'!r}, not on the "
                 f"store's file {self.path!r}"
             )
-        if connection.isolation_level is None and not connection.in_transaction:
+        if isolation_level is None and not in_tx:
             raise ConfigurationError(
                 "connection= is in autocommit mode outside a transaction: run BEGIN first, "
                 "so the job commits or rolls back with your writes"
             )
-        return SQLiteTx(connection, self._clock)
 
     @contextmanager
     def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
