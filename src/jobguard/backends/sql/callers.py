@@ -35,7 +35,9 @@ def unwrap(connection: Any) -> Any:
 
     A SQLAlchemy ``Session`` gives the connection of its transaction (begun if it was not, as
     any statement of the session would); a SQLAlchemy ``Connection`` outside a transaction
-    begins one (the job commits with ``conn.commit()``). Anything else is returned as it is.
+    begins one (the job commits with ``conn.commit()``); Django's connection gives its driver
+    connection (outside ``transaction.atomic()`` it is in autocommit mode, and refused). Anything
+    else is returned as it is.
 
     Raises:
         ConfigurationError: ``connection`` is an asyncio connection passed to a synchronous
@@ -48,8 +50,13 @@ def unwrap(connection: Any) -> Any:
             f"connection= is an asyncio connection ({type(connection).__name__}): enqueue on it "
             "with `await task.enqueue_async(..., connection=conn)`"
         )
-    if _from_sqlalchemy(type(connection).__module__):
+    module = type(connection).__module__
+    if _from_sqlalchemy(module):
         return _sqlalchemy_driver_connection(connection)
+    if module.startswith("django.") and hasattr(connection, "ensure_connection"):
+        # Django's connection (django.db.connection): its driver connection, in its atomic()
+        connection.ensure_connection()
+        return connection.connection
     return connection
 
 

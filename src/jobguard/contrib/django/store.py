@@ -1,0 +1,78 @@
+"""The store URL of a Django project, and ``db_step`` transactions on Django's connection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote
+
+from jobguard.exceptions import ConfigurationError
+from jobguard.steptx import StepCall
+
+try:
+    from django.conf import settings
+    from django.db import connections, transaction
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ConfigurationError(
+        "jobguard.contrib.django needs Django: pip install 'jobguard[django]'"
+    ) from exc
+
+
+def store_url(alias: str = "default") -> str:
+    """``JOBGUARD["URL"]`` if set, else the URL of ``DATABASES[alias]`` (PostgreSQL, SQLite)."""
+    configured = getattr(settings, "JOBGUARD", {}).get("URL")
+    if configured:
+        return str(configured)
+    database = settings.DATABASES[alias]
+    engine = database["ENGINE"]
+    if engine == "django.db.backends.sqlite3":
+        name = str(database["NAME"])
+        if name in ("", ":memory:") or name.startswith("file:"):
+            raise ConfigurationError(
+                "jobguard needs the SQLite database to be a file; set JOBGUARD['URL'] otherwise"
+            )
+        return f"sqlite:///{name}"
+    if engine == "django.db.backends.postgresql":
+        user = quote(str(database.get("USER") or ""), safe="")
+        password = quote(str(database.get("PASSWORD") or ""), safe="")
+        login = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+        host = database.get("HOST") or "localhost"
+        port = f":{database['PORT']}" if database.get("PORT") else ""
+        return f"postgresql://{login}{host}{port}/{quote(str(database['NAME']), safe='')}"
+    raise ConfigurationError(
+        f"jobguard's store is PostgreSQL or SQLite; DATABASES[{alias!r}] is {engine}: set "
+        "JOBGUARD['URL']"
+    )
+
+
+class DjangoSteps:
+    """``db_step`` transactions on Django's connection (pass as ``ctx.db_step(..., on=)``).
+
+    The step function is called with ``None`` first (it writes through the ORM, which uses the
+    same connection) and runs inside ``transaction.atomic()``; the step record is written in
+    that transaction, so the ORM's writes commit with it or not at all. A ``transaction.atomic()``
+    inside the step function is a savepoint and does not end the step's transaction.
+
+    On SQLite, give the database ``"OPTIONS": {"transaction_mode": "IMMEDIATE"}`` (Django 5.1+):
+    the step reads the guard and then writes, and a deferred transaction's upgrade fails at
+    once when another process wrote in between.
+
+    Args:
+        using: The database alias (the store's database).
+    """
+
+    def __init__(self, using: str = "default") -> None:
+        self.using = using
+
+    @contextmanager
+    def transaction(self) -> Iterator[tuple[Any, StepCall]]:
+        """An ``atomic()`` block on the alias's connection (see the protocol)."""
+        wrapper = connections[self.using]
+        with transaction.atomic(using=self.using):
+            wrapper.ensure_connection()
+            yield wrapper.connection, _call
+
+
+def _call(fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+    return fn(None, *args)

@@ -1,0 +1,45 @@
+"""Run inside the project (DJANGO_SETTINGS_MODULE=settings): `python scenario.py enqueue|check`."""
+
+import json
+import os
+import sys
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
+django.setup()
+
+from django.db import connection, transaction  # noqa: E402
+from shop.jobs import app, pay  # noqa: E402
+from shop.models import Order, Payment  # noqa: E402
+
+
+class Abort(Exception):
+    """Rolls the request's transaction back."""
+
+
+_ = app.backend  # opened before a transaction holds the SQLite write lock
+if sys.argv[1] == "enqueue":
+    try:
+        with transaction.atomic():
+            order = Order.objects.create()
+            pay.enqueue(order_id=order.id, connection=connection)
+            raise Abort
+    except Abort:
+        pass
+    print(json.dumps({"orders": Order.objects.count(), "jobs": len(app.jobs())}))
+    with transaction.atomic():
+        order = Order.objects.create()
+        pay.enqueue(order_id=order.id, connection=connection)
+    print(json.dumps({"orders": Order.objects.count(), "jobs": len(app.jobs())}))
+else:
+    [job] = app.jobs()
+    print(
+        json.dumps(
+            {
+                "status": job.status.value,
+                "payments": Payment.objects.count(),
+                "paid": [o.paid for o in Order.objects.all()],
+            }
+        )
+    )

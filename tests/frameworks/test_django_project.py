@@ -1,0 +1,64 @@
+"""A real small Django project (tests/frameworks/djangoproject) on SQLite and PostgreSQL: the store
+is its database, migrated by `manage.py migrate` and `manage.py jobguard migrate`; a job enqueued
+in `transaction.atomic()` on Django's connection exists iff it commits; a real worker process
+(`manage.py jobguard worker --burst`) runs it and its db_step writes through the ORM once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import pg
+
+PROJECT = Path(__file__).parent / "djangoproject"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def project_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBGUARD_", "SHOP_"))}
+    env["DJANGO_SETTINGS_MODULE"] = "settings"
+    if request.param == "sqlite":
+        env["SHOP_SQLITE_FILE"] = str(tmp_path / "shop.db")
+        yield env
+        return
+    url = pg.create_database()
+    env["SHOP_PG_DATABASE"] = url.rsplit("/", 1)[1]
+    yield env
+    pg.drop_database(url)
+
+
+def run(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"{args}: {done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_enqueue_in_atomic_and_a_real_worker(project_env: dict[str, str]) -> None:
+    run(project_env, "manage.py", "migrate", "-v", "0")
+    run(project_env, "manage.py", "jobguard", "migrate")
+    rolled_back, committed = [
+        json.loads(line) for line in run(project_env, "scenario.py", "enqueue").splitlines()
+    ]
+    assert rolled_back == {"orders": 0, "jobs": 0}
+    assert committed == {"orders": 1, "jobs": 1}
+    run(project_env, "manage.py", "jobguard", "worker", "--burst")
+    assert json.loads(run(project_env, "scenario.py", "check")) == {
+        "status": "completed",
+        "payments": 1,
+        "paid": [1],
+    }
+    run(project_env, "manage.py", "jobguard", "doctor")
