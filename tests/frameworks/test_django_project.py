@@ -23,6 +23,7 @@ PROJECT = Path(__file__).parent / "djangoproject"
 def project_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBGUARD_", "SHOP_"))}
     env["DJANGO_SETTINGS_MODULE"] = "settings"
+    env["PYTHONPATH"] = str(PROJECT.parents[2])  # fences.py uses the tests' port helpers
     if request.param == "sqlite":
         env["SHOP_SQLITE_FILE"] = str(tmp_path / "shop.db")
         yield env
@@ -48,8 +49,8 @@ def run(env: dict[str, str], *args: str) -> str:
 
 
 def test_enqueue_in_atomic_and_a_real_worker(project_env: dict[str, str]) -> None:
-    run(project_env, "manage.py", "migrate", "-v", "0")
-    run(project_env, "manage.py", "jobguard", "migrate")
+    run(project_env, "manage.py", "migrate", "-v", "0")  # Django's tables and jobguard's schema
+    assert "already at schema version" in run(project_env, "manage.py", "jobguard", "migrate")
     rolled_back, committed = [
         json.loads(line) for line in run(project_env, "scenario.py", "enqueue").splitlines()
     ]
@@ -62,3 +63,17 @@ def test_enqueue_in_atomic_and_a_real_worker(project_env: dict[str, str]) -> Non
         "paid": [1],
     }
     run(project_env, "manage.py", "jobguard", "doctor")
+    assert "(0 shown)" in run(project_env, "manage.py", "jobguard", "dlq", "list")
+    assert "--concurrency" in run(project_env, "manage.py", "jobguard", "worker", "--help")
+
+
+def test_db_step_through_the_orm_against_the_guard(project_env: dict[str, str]) -> None:
+    run(project_env, "manage.py", "migrate", "-v", "0")
+    report = json.loads(run(project_env, "fences.py"))
+    assert report.pop("commit") == {"ran": 1, "rows": 1, "raised": None}
+    assert report.pop("again") == {"ran": 0, "rows": 0, "raised": None}
+    assert report.pop("raises") == {"ran": 1, "rows": 0, "raised": "ValueError"}
+    assert report.pop("stale") == {"ran": 0, "rows": 0, "raised": "StaleFenceError"}
+    if "SHOP_PG_DATABASE" in project_env:  # the ORM write is rolled back with the refusal
+        assert report.pop("taken-over") == {"ran": 1, "rows": 0, "raised": "StaleFenceError"}
+    assert report == {}

@@ -19,11 +19,17 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 
-def store_url(alias: str = "default") -> str:
-    """``JOBGUARD["URL"]`` if set, else the URL of ``DATABASES[alias]`` (PostgreSQL, SQLite)."""
+def store_alias() -> str:
+    """The database alias of the store: ``JOBGUARD["DATABASE"]``, default ``"default"``."""
+    return str(getattr(settings, "JOBGUARD", {}).get("DATABASE", "default"))
+
+
+def store_url() -> str:
+    """``JOBGUARD["URL"]`` if set, else the URL of the store's database (PostgreSQL, SQLite)."""
     configured = getattr(settings, "JOBGUARD", {}).get("URL")
     if configured:
         return str(configured)
+    alias = store_alias()
     database = settings.DATABASES[alias]
     engine = database["ENGINE"]
     if engine == "django.db.backends.sqlite3":
@@ -59,11 +65,11 @@ class DjangoSteps:
     once when another process wrote in between.
 
     Args:
-        using: The database alias (the store's database).
+        using: The database alias of the store (default :func:`store_alias`).
     """
 
-    def __init__(self, using: str = "default") -> None:
-        self.using = using
+    def __init__(self, using: str | None = None) -> None:
+        self.using = using or store_alias()
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Any, StepCall]]:
