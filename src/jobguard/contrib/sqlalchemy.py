@@ -29,6 +29,24 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 
+def engine_url(store_url: str, *, asyncio: bool = False) -> str:
+    """The SQLAlchemy URL of a jobguard store URL, so one setting names both.
+
+    ``sqlite:///file.db`` gives pysqlite (aiosqlite with ``asyncio``); ``postgresql://...``
+    gives psycopg (sync or async). jobguard's own ``?schema=`` option is dropped: it names
+    where jobguard's tables are, not where the application's are.
+    """
+    base = store_url.split("?", 1)[0]
+    if base.startswith("sqlite:///"):
+        return base.replace("sqlite:", "sqlite+aiosqlite:", 1) if asyncio else base
+    for scheme in ("postgresql://", "postgres://"):
+        if base.startswith(scheme):
+            return "postgresql+psycopg://" + base.removeprefix(scheme)
+    raise ConfigurationError(
+        f"a jobguard store URL is sqlite:///... or postgresql://..., not {store_url!r}"
+    )
+
+
 class SQLAlchemySteps:
     """``db_step`` transactions on a SQLAlchemy engine (pass as ``ctx.db_step(..., on=)``).
 
