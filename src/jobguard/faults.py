@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobguard.hooks import HookChain, Hooks
@@ -25,6 +26,7 @@ from jobguard.models import Delivery, JobStatus
 
 if TYPE_CHECKING:
     from jobguard.app import App
+    from jobguard.steptx import StepCall, StepTransactions
     from jobguard.task import Task
     from jobguard.testing import ControlledClock
 
@@ -135,7 +137,10 @@ class Faults:
         """The worker process dies right after the ``step``-th step is recorded; another worker
         runs the job again once its lease runs out."""
         task.enqueue(**kwargs)
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # The child only runs a worker, whose store connections are opened anew per process.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the worker process that is going to die
             code = _NEVER_REACHED
             try:
@@ -240,12 +245,15 @@ class Faults:
             if calls["n"] != step:
                 return original(guard, key, name, fn, args, on)
 
+            postgres = backend.driver.dialect == "postgres"
+            if on is not None:  # the step runs on a framework's connection: cut that one
+                return original(guard, key, name, fn, args, _Dropping(on, backend, postgres))
+
             def then_drop(conn: Any, *fn_args: Any) -> Any:
                 value = fn(conn, *fn_args)
-                if backend.driver.dialect == "postgres" and on is None:
-                    _terminate_own_connection(backend, conn)
-                else:
+                if not postgres:
                     raise StoreUnavailableError("the store connection was lost (injected)")
+                _terminate(backend, conn.execute("SELECT pg_backend_pid()").fetchone()[0])
                 return value
 
             return original(guard, key, name, then_drop, args, on)
@@ -265,8 +273,31 @@ def _wait(event: threading.Event) -> None:
     event.wait(_WAIT_S)
 
 
-def _terminate_own_connection(backend: Any, conn: Any) -> None:
-    """Have the server cut the connection ``conn`` (a db_step's) runs on, from another one."""
-    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+def _terminate(backend: Any, pid: int) -> None:
+    """Have the server cut the connection of server process ``pid``, from another one."""
     with backend.driver.connect() as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+class _Dropping:
+    """A framework's step transactions whose connection is lost right after the step function."""
+
+    def __init__(self, inner: StepTransactions, backend: Any, postgres: bool) -> None:
+        self.inner = inner
+        self.backend = backend
+        self.postgres = postgres
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[tuple[Any, StepCall]]:
+        from jobguard.exceptions import StoreUnavailableError
+
+        with self.inner.transaction() as (connection, call):
+
+            def then_drop(fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+                value = call(fn, args)
+                if not self.postgres:
+                    raise StoreUnavailableError("the store connection was lost (injected)")
+                _terminate(self.backend, connection.info.backend_pid)
+                return value
+
+            yield connection, then_drop

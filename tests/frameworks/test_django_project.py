@@ -51,9 +51,9 @@ def run(env: dict[str, str], *args: str) -> str:
 def test_enqueue_in_atomic_and_a_real_worker(project_env: dict[str, str]) -> None:
     run(project_env, "manage.py", "migrate", "-v", "0")  # Django's tables and jobguard's schema
     assert "already at schema version" in run(project_env, "manage.py", "jobguard", "migrate")
-    rolled_back, committed = [
-        json.loads(line) for line in run(project_env, "scenario.py", "enqueue").splitlines()
-    ]
+    printed = run(project_env, "scenario.py", "enqueue").splitlines()
+    refused, rolled_back, committed = [json.loads(line) for line in printed]
+    assert refused == {"refused": True}
     assert rolled_back == {"orders": 0, "jobs": 0}
     assert committed == {"orders": 1, "jobs": 1}
     run(project_env, "manage.py", "jobguard", "worker", "--burst")

@@ -52,8 +52,9 @@ class SQLAlchemySteps:
 
     Args:
         engine: An :class:`~sqlalchemy.Engine` on the store's database (psycopg on PostgreSQL,
-            pysqlite on the store's SQLite file). For an ``AsyncEngine`` pass its
-            ``sync_engine``: the step runs on a thread (``ctx.db_step_async``).
+            pysqlite on the store's SQLite file). An asyncio application gives a synchronous
+            engine on the same database (``create_engine(engine_url(url))``):
+            ``ctx.db_step_async`` runs the step on a thread, off the event loop.
 
     The step function gets an ORM :class:`~sqlalchemy.orm.Session` (Core statements run with
     ``session.execute(...)``). The session is bound to the step's transaction:

@@ -20,6 +20,12 @@ class Abort(Exception):
 
 _ = app.backend  # opened before a transaction holds the SQLite write lock
 if sys.argv[1] == "enqueue":
+    from jobguard.exceptions import ConfigurationError
+
+    try:  # outside atomic() Django's connection is in autocommit mode: the job would be alone
+        pay.enqueue(order_id=0, connection=connection)
+    except ConfigurationError as exc:
+        print(json.dumps({"refused": "autocommit" in str(exc)}))
     try:
         with transaction.atomic():
             order = Order.objects.create()
