@@ -72,6 +72,7 @@ def test_db_step_through_the_orm_against_the_guard(project_env: dict[str, str]) 
     report = json.loads(run(project_env, "fences.py"))
     assert report.pop("commit") == {"ran": 1, "rows": 1, "raised": None}
     assert report.pop("again") == {"ran": 0, "rows": 0, "raised": None}
+    assert report.pop("savepoint") == {"ran": 1, "rows": 1, "raised": None}
     assert report.pop("raises") == {"ran": 1, "rows": 0, "raised": "ValueError"}
     assert report.pop("stale") == {"ran": 0, "rows": 0, "raised": "StaleFenceError"}
     if "SHOP_PG_DATABASE" in project_env:  # the ORM write is rolled back with the refusal

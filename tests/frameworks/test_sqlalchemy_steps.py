@@ -112,6 +112,24 @@ def test_orm_writes_commit_once_with_the_step_record(
     assert payments(engine) == [7]
 
 
+def test_the_orm_may_use_savepoints_of_its_own_inside_the_step(
+    world: tuple[Backend, ControlledClock, sa.Engine],
+) -> None:
+    backend, _, engine = world
+    guard = delivered(backend)
+
+    def pay_nested(session: Session, order_id: int) -> int:
+        with session.begin_nested():  # a SAVEPOINT, released: the step's transaction goes on
+            session.add(Payment(order_id=order_id))
+        return order_id
+
+    assert backend.db_step(guard, KEY, "pay", pay_nested, (7,), SQLAlchemySteps(engine)) == (
+        True,
+        7,
+    )
+    assert payments(engine) == [7]
+
+
 def test_a_step_function_that_raises_leaves_no_orm_write(
     world: tuple[Backend, ControlledClock, sa.Engine],
 ) -> None:

@@ -76,6 +76,15 @@ outcome("commit", guard, "pay:1", pay)
 outcome("again", guard, "pay:1", pay)
 
 
+# 1b. ORM calls that open their own savepoint (get_or_create) inside the step.
+def pay_once(order_id):
+    Payment.objects.get_or_create(order_id=100 + order_id)
+    return order_id
+
+
+outcome("savepoint", delivered("pay:5", "order:5"), "pay:5", pay_once)
+
+
 # 2. The step function raises after its ORM write: nothing commits.
 def pay_then_fail(order_id):
     pay(order_id)

@@ -284,8 +284,11 @@ class PostgresDriver:
         return self._tx(connection)
 
     @contextmanager
-    def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
-        """The connection ``db_step`` code gets; it cannot end the step's transaction."""
+    def step_connection(self, tx: Tx, *, savepoints: bool = False) -> Iterator[StepConnection]:
+        """The connection ``db_step`` code gets; it cannot end the step's transaction.
+
+        Checked after the code ran (savepoints of its own are always allowed here).
+        """
         conn: psycopg.Connection[Any] = tx.connection
         yield StepConnection(conn)
         if conn.info.transaction_status != TransactionStatus.INTRANS:

@@ -69,8 +69,12 @@ class Driver(Protocol):
         transaction commits.
         """
 
-    def step_connection(self, tx: Tx) -> AbstractContextManager[Any]:
-        """The connection ``db_step`` code writes through, inside ``tx``; refuses to end it."""
+    def step_connection(self, tx: Tx, *, savepoints: bool = False) -> AbstractContextManager[Any]:
+        """The connection ``db_step`` code writes through, inside ``tx``; refuses to end it.
+
+        With ``savepoints``, the code may open and release savepoints of its own (an ORM's
+        nested ``atomic()`` or ``begin_nested()``), but still not end the transaction.
+        """
 
     def now(self) -> float:
         """The store clock outside a transaction."""

@@ -1045,7 +1045,7 @@ class SQLStore:
             stored = self._verify(tx, guard, key, step=name)["step_result"]
             if stored is not None:
                 return False, json.loads(stored)
-            with self.driver.step_connection(tx):
+            with self.driver.step_connection(tx, savepoints=True):  # the ORM's own savepoints
                 value = call(fn, args)
             result_json = json.dumps(value)
             self._verify(tx, guard, key)

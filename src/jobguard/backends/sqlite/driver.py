@@ -97,6 +97,14 @@ def _deny_transaction_control(action: int, *_: str | None) -> int:
     return sqlite3.SQLITE_OK
 
 
+def _deny_ending_the_transaction(action: int, *_: str | None) -> int:
+    """The same, but an ORM's own savepoints are allowed (the step's transaction is a BEGIN,
+    so no savepoint of theirs can end it)."""
+    if action == sqlite3.SQLITE_TRANSACTION:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -247,12 +255,14 @@ class SQLiteDriver:
             )
 
     @contextmanager
-    def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
+    def step_connection(self, tx: Tx, *, savepoints: bool = False) -> Iterator[StepConnection]:
         """The connection ``db_step`` code gets; it cannot end the step's transaction."""
         conn: sqlite3.Connection = tx.connection
         # fn must not end the step's transaction (COMMIT, ROLLBACK, RELEASE): its rows would
         # then commit without the step record.
-        conn.set_authorizer(_deny_transaction_control)
+        conn.set_authorizer(
+            _deny_ending_the_transaction if savepoints else _deny_transaction_control
+        )
         try:
             yield StepConnection(conn)
         finally:

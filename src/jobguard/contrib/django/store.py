@@ -75,6 +75,10 @@ class DjangoSteps:
     def transaction(self) -> Iterator[tuple[Any, StepCall]]:
         """An ``atomic()`` block on the alias's connection (see the protocol)."""
         wrapper = connections[self.using]
+        if not wrapper.in_atomic_block:
+            # What Django does around each request: a worker's handler thread keeps its
+            # connection for many jobs, so one the server dropped is replaced here.
+            wrapper.close_if_unusable_or_obsolete()
         with transaction.atomic(using=self.using):
             wrapper.ensure_connection()
             yield wrapper.connection, _call
