@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jobguard.backends.sql.callers import bridged
+from jobguard.backends.sql.callers import for_thread
 from jobguard.core import checks
 from jobguard.core.jsonvalues import MAX_NESTING, too_deep
 from jobguard.core.keys import check_key, render_key, template_fields
@@ -266,12 +266,12 @@ class Task:
     async def enqueue_async(self, /, *, connection: Any = None, **kwargs: Any) -> Job:
         """:meth:`enqueue` from async code: the store call runs on a thread, not the loop.
 
-        ``connection`` is an asyncio connection whose transaction the job is written in: a
-        psycopg ``AsyncConnection``, or a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``
-        (on psycopg or aiosqlite). Its statements run on this loop while the enqueue awaits.
+        ``connection`` is a connection whose transaction the job is written in: one that
+        :meth:`enqueue` takes, or an asyncio one (a psycopg ``AsyncConnection``, an aiosqlite
+        connection, a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``), whose statements run
+        on this loop while the enqueue awaits.
         """
-        if connection is not None:
-            connection = await bridged(connection)
+        connection = await for_thread(connection)
         return await asyncio.to_thread(self.enqueue, connection=connection, **kwargs)
 
     def enqueue_many(
@@ -292,8 +292,7 @@ class Task:
         ``connection`` as in :meth:`enqueue_async`.
         """
         batch = list(arguments)  # an iterator is read here, on the loop, not on the thread
-        if connection is not None:
-            connection = await bridged(connection)
+        connection = await for_thread(connection)
         return await asyncio.to_thread(self.enqueue_many, batch, connection=connection)
 
     def build_spec(self, kwargs: Mapping[str, Any], options: CallOptions) -> JobSpec:
@@ -350,6 +349,5 @@ class BoundCall:
 
     async def enqueue_async(self, /, *, connection: Any = None, **kwargs: Any) -> Job:
         """:meth:`enqueue` from async code (see :meth:`Task.enqueue_async` for ``connection``)."""
-        if connection is not None:
-            connection = await bridged(connection)
+        connection = await for_thread(connection)
         return await asyncio.to_thread(self.enqueue, connection=connection, **kwargs)

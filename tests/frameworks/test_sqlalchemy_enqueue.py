@@ -159,13 +159,37 @@ def test_asyncio_connection_on_a_sync_enqueue_is_refused(
         try:
             with pytest.raises(ConfigurationError, match="enqueue_async"):
                 app.tasks["ship"].enqueue(order_id=1, connection=conn)
-            with pytest.raises(ConfigurationError, match="asyncio connection"):
+            with pytest.raises(ConfigurationError, match="connection="):
                 await app.tasks["ship"].enqueue_async(order_id=1, connection=object())
         finally:
             await conn.close()
 
     asyncio.run(run())
     assert app.jobs() == []
+
+
+def test_a_synchronous_connection_given_to_enqueue_async(
+    shop: tuple[App, Any], store_url: str
+) -> None:
+    """It is used on the store's thread, as by enqueue (a psycopg or sqlite3 connection)."""
+    app, orders = shop
+    engine = sa.create_engine(sqlalchemy_url(store_url))
+
+    async def run() -> None:
+        with engine.connect() as conn:
+            conn.execute(orders.insert().values(id=1, status="new"))
+            await app.tasks["ship"].enqueue_async(order_id=1, connection=conn)
+            conn.rollback()
+        with engine.begin() as conn:
+            conn.execute(orders.insert().values(id=2, status="new"))
+            await app.tasks["ship"].enqueue_async(order_id=2, connection=conn)
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.dispose()
+    assert order_ids(store_url) == [2]
+    assert [job.operation_key for job in app.jobs()] == ["ship:2"]
 
 
 def test_a_pooled_psycopg_connection() -> None:

@@ -76,18 +76,15 @@ def _sqlalchemy_driver_connection(connection: Any) -> Any:
     return connection.connection.driver_connection
 
 
-async def bridged(connection: Any) -> LoopBridge:
-    """A :class:`LoopBridge` over an asyncio connection, made on the caller's running loop.
+async def for_thread(connection: Any) -> Any:
+    """What the store thread of an ``enqueue_async`` writes on, made on the caller's loop.
 
-    A SQLAlchemy ``AsyncSession`` or ``AsyncConnection`` gives the driver connection of its
-    transaction (begun if it was not).
+    An asyncio connection becomes a :class:`LoopBridge` (a SQLAlchemy ``AsyncSession`` or
+    ``AsyncConnection`` gives the driver connection of its transaction, begun if it was not);
+    ``None`` and synchronous connections are returned as they are.
     """
-    if not is_async(connection):
-        raise ConfigurationError(
-            "enqueue_async(connection=...) takes an asyncio connection (psycopg AsyncConnection, "
-            "SQLAlchemy AsyncConnection or AsyncSession); a synchronous connection "
-            f"({type(connection).__name__}) is enqueued on with enqueue(connection=...)"
-        )
+    if connection is None or not is_async(connection):
+        return connection
     if _from_sqlalchemy(type(connection).__module__):
         connection = await _sqlalchemy_async_driver_connection(connection)
     return LoopBridge(connection, asyncio.get_running_loop())
