@@ -78,3 +78,17 @@ def test_db_step_through_the_orm_against_the_guard(project_env: dict[str, str]) 
     if "SHOP_PG_DATABASE" in project_env:  # the ORM write is rolled back with the refusal
         assert report.pop("taken-over") == {"ran": 1, "rows": 0, "raised": "StaleFenceError"}
     assert report == {}
+
+
+def test_django_tasks_run_on_jobguard(project_env: dict[str, str]) -> None:
+    """``@task`` functions (the django_tasks backport; ``django.tasks`` on Django 6) enqueued
+    with ``.enqueue()``: in ``atomic()`` the job commits with it; the operation key of
+    ``guarded`` makes a duplicate a no-op; real worker processes run them."""
+    run(project_env, "manage.py", "migrate", "-v", "0")
+    enqueued = json.loads(run(project_env, "scenario.py", "tasks"))
+    assert enqueued["jobs"] == 2  # the rolled-back one left none
+    run(project_env, "manage.py", "jobguard", "worker", "--burst")
+    assert json.loads(run(project_env, "scenario.py", "task-results", *enqueued["ids"])) == {
+        "status": ["SUCCESSFUL", "SUCCESSFUL"],
+        "payments": [501],
+    }

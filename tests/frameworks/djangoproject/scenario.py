@@ -38,6 +38,31 @@ if sys.argv[1] == "enqueue":
         order = Order.objects.create()
         pay.enqueue(order_id=order.id, connection=connection)
     print(json.dumps({"orders": Order.objects.count(), "jobs": len(app.jobs())}))
+elif sys.argv[1] == "tasks":
+    from shop.tasks import refund
+
+    try:
+        with transaction.atomic():
+            refund.enqueue(order_id=500)
+            raise Abort
+    except Abort:
+        pass
+    with transaction.atomic():
+        first = refund.enqueue(order_id=501)
+    second = refund.enqueue(501)  # the same operation again (a duplicate request)
+    print(json.dumps({"jobs": len(app.jobs()), "ids": [first.id, second.id]}))
+elif sys.argv[1] == "task-results":
+    from shop.tasks import refund
+
+    results = [refund.get_result(result_id) for result_id in sys.argv[2:]]
+    print(
+        json.dumps(
+            {
+                "status": [str(r.status) for r in results],
+                "payments": sorted(p.order_id for p in Payment.objects.all()),
+            }
+        )
+    )
 else:
     [job] = app.jobs()
     print(

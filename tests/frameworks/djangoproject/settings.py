@@ -26,3 +26,5 @@ else:
         }
     }
 JOBGUARD = {"APP": "shop.jobs:app"}
+# Django's tasks framework (the django_tasks backport on this Django) on jobguard.
+TASKS = {"default": {"BACKEND": "jobguard.contrib.django.tasks.JobguardBackend"}}
