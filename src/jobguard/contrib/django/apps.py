@@ -16,18 +16,8 @@ class JobguardConfig(AppConfig):
     verbose_name = "jobguard"
 
     def ready(self) -> None:
-        """After each ``manage.py migrate``, bring jobguard's schema to this version too; with
-        the tasks backend in ``TASKS``, let the project's App run Django tasks."""
+        """After each ``manage.py migrate``, bring jobguard's schema to this version too."""
         post_migrate.connect(migrate_store_after_django, sender=self)
-        from django.conf import settings
-
-        backends = getattr(settings, "TASKS", {}).values()
-        if any(
-            b.get("BACKEND") == "jobguard.contrib.django.tasks.JobguardBackend" for b in backends
-        ):
-            from jobguard.contrib.django.tasks import project_app
-
-            project_app()
 
 
 def migrate_store_after_django(using: str = "default", **_: Any) -> None:

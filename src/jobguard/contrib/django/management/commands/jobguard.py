@@ -36,7 +36,16 @@ class Command(BaseCommand):
         from jobguard.cli.main import cli
 
         configured = getattr(settings, "JOBGUARD", {})
+        if _runs_django_tasks(settings):
+            from jobguard.contrib.django.tasks import project_app
+
+            project_app()  # the App's workers then run the project's @task functions too
         prefix = ["--url", store_url()]
         if configured.get("APP") and "--app" not in args:
             prefix = ["--app", str(configured["APP"])]
         cli.main(args=[*prefix, *args], prog_name="manage.py jobguard", standalone_mode=True)
+
+
+def _runs_django_tasks(settings: Any) -> bool:
+    backend = "jobguard.contrib.django.tasks.JobguardBackend"
+    return any(b.get("BACKEND") == backend for b in getattr(settings, "TASKS", {}).values())
