@@ -70,6 +70,13 @@ class Faults:
     """
 
     def __init__(self, app: App, clock: ControlledClock) -> None:
+        from jobguard.exceptions import ConfigurationError
+
+        if app.backend.now() != clock():  # the kit moves leases and backoff on its own clock
+            raise ConfigurationError(
+                "the faults need the app on the kit's store and clock: "
+                "App(backend=jobguard_store.backend)"
+            )
         self.app = app
         self.clock = clock
 

@@ -71,3 +71,15 @@ def test_a_guarded_sqlalchemy_handler_passes_every_fault(store: TemporaryStore, 
     finally:
         engine.dispose()
         app.close()
+
+
+def test_an_app_on_another_store_is_refused(store: TemporaryStore, tmp_path: Path) -> None:
+    """Its leases would never expire on the kit's clock: said at once, not as a timeout."""
+    from jobguard.exceptions import ConfigurationError
+
+    elsewhere = App(f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    try:
+        with pytest.raises(ConfigurationError, match=r"App\(backend=jobguard_store\.backend\)"):
+            Faults(elsewhere, store.clock)
+    finally:
+        elsewhere.close()
