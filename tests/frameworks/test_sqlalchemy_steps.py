@@ -14,7 +14,7 @@ from sqlalchemy.orm import Mapped, Session, registry
 from jobguard import App, Context, JobStatus
 from jobguard.backends.base import Backend
 from jobguard.contrib.sqlalchemy import SQLAlchemySteps
-from jobguard.exceptions import ConfigurationError, StaleFenceError
+from jobguard.exceptions import ConfigurationError, StaleFenceError, StoreUnavailableError
 from jobguard.models import Guard
 from jobguard.testing import ControlledClock, drain
 from tests.support import pg, stores
@@ -225,3 +225,36 @@ def test_ctx_db_step_on_an_engine_through_a_worker(store_url: str) -> None:
 def test_only_an_engine_is_taken() -> None:
     with pytest.raises(ConfigurationError, match="Engine"):
         SQLAlchemySteps("sqlite:///x.db")  # type: ignore[arg-type]
+
+
+def test_a_connection_lost_in_the_step_is_a_store_outage_and_writes_nothing() -> None:
+    """PostgreSQL cuts the step's connection after the ORM write: the handler sees jobguard's
+    StoreUnavailableError (retried as an outage), never a driver's error, and nothing commits."""
+    import psycopg
+
+    url = pg.fresh_store_url(pg.session_database())
+    backend = stores.open_backend(url, clock=ControlledClock())
+    table = mapped_payments(url)
+    engine = sa.create_engine(sqlalchemy_url(url))
+    table.create(engine)
+    try:
+        guard = delivered(backend)
+
+        def pay_then_lose_the_connection(session: Session, order_id: int) -> int:
+            session.add(Payment(order_id=order_id))
+            session.flush()
+            pid = session.connection().connection.driver_connection.info.backend_pid
+            with psycopg.connect(stores.conninfo_of(url), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            return order_id
+
+        with pytest.raises(StoreUnavailableError):
+            backend.db_step(
+                guard, KEY, "pay", pay_then_lose_the_connection, (7,), SQLAlchemySteps(engine)
+            )
+        assert payments(engine) == []
+        assert backend.get_operation(KEY).steps == {}  # type: ignore[union-attr]
+    finally:
+        sa.orm.clear_mappers()
+        engine.dispose()
+        backend.close()

@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from jobguard.exceptions import ConfigurationError
+from jobguard.exceptions import ConfigurationError, StoreUnavailableError
 from jobguard.steptx import StepCall
 
 try:
     from sqlalchemy import Engine
+    from sqlalchemy import exc as sa_errors
     from sqlalchemy.orm import Session
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
@@ -77,7 +78,19 @@ class SQLAlchemySteps:
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Any, StepCall]]:
-        """A transaction on a pooled connection of the engine (see the protocol)."""
+        """A transaction on a pooled connection of the engine (see the protocol).
+
+        The engine's own connection failures (connect, begin, commit) are raised as
+        :class:`~jobguard.exceptions.StoreUnavailableError`, as the store's own are.
+        """
+        try:
+            with self._transaction() as opened:
+                yield opened
+        except (sa_errors.OperationalError, sa_errors.InterfaceError) as error:
+            raise StoreUnavailableError(f"the db_step transaction failed: {error}") from error
+
+    @contextmanager
+    def _transaction(self) -> Iterator[tuple[Any, StepCall]]:
         with self.engine.connect() as conn, conn.begin():
             if conn.dialect.name == "sqlite":
                 # The step reads the guard and then writes: take the write lock first, or a

@@ -165,6 +165,7 @@ class PostgresDriver:
     """
 
     dialect = "postgres"
+    client_errors: tuple[type[Exception], ...] = (psycopg.Error,)
 
     def __init__(
         self,

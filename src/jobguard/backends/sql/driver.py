@@ -51,6 +51,9 @@ class Driver(Protocol):
 
     url: str
     dialect: str
+    client_errors: tuple[type[Exception], ...]
+    """The database client's own errors, met on a caller's connection (``adopt``) and wrapped
+    by the store as :class:`~jobguard.exceptions.StoreUnavailableError`."""
 
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one transaction and return once it is durably committed.

@@ -57,7 +57,7 @@ from jobguard.models import (
 )
 
 if TYPE_CHECKING:
-    from jobguard.steptx import StepTransactions
+    from jobguard.steptx import StepCall, StepTransactions
 
 T = TypeVar("T")
 
@@ -1040,17 +1040,39 @@ class SQLStore:
         The guard is checked again after ``fn``: on PostgreSQL, a lock taken over while ``fn``
         ran is seen by then, and the ORM's writes roll back with the refusal.
         """
-        with on.transaction() as (connection, call):
-            tx = self.driver.adopt(connection)
-            stored = self._verify(tx, guard, key, step=name)["step_result"]
-            if stored is not None:
-                return False, json.loads(stored)
-            with self.driver.step_connection(tx, savepoints=True):  # the ORM's own savepoints
+        try:
+            with on.transaction() as (connection, call):
+                try:
+                    return self._step_on(
+                        self.driver.adopt(connection), guard, key, name, fn, args, call
+                    )
+                except self.driver.client_errors as exc:  # our statements on their connection
+                    raise StoreUnavailableError(f"the db_step transaction failed: {exc}") from exc
+        except UserCodeError as exc:
+            raise exc.original from exc.original.__cause__
+
+    def _step_on(
+        self,
+        tx: Tx,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+        call: StepCall,
+    ) -> tuple[bool, Any]:
+        stored = self._verify(tx, guard, key, step=name)["step_result"]
+        if stored is not None:
+            return False, json.loads(stored)
+        with self.driver.step_connection(tx, savepoints=True):  # the ORM's own savepoints
+            try:
                 value = call(fn, args)
-            result_json = json.dumps(value)
-            self._verify(tx, guard, key)
-            self._insert_step(tx, guard, key, name, result_json, tx.now())
-            return True, value
+            except Exception as exc:
+                raise UserCodeError(exc) from exc  # raised as it is, after the rollback
+        result_json = json.dumps(value)
+        self._verify(tx, guard, key)
+        self._insert_step(tx, guard, key, name, result_json, tx.now())
+        return True, value
 
     def get_operation(self, key: str) -> Operation | None:
         """The operation record with its steps, or ``None``."""

@@ -142,6 +142,7 @@ class SQLiteDriver:
     """
 
     dialect = "sqlite"
+    client_errors: tuple[type[Exception], ...] = (sqlite3.Error,)
 
     def __init__(
         self,

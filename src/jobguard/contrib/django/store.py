@@ -7,12 +7,12 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
-from jobguard.exceptions import ConfigurationError
+from jobguard.exceptions import ConfigurationError, StoreUnavailableError
 from jobguard.steptx import StepCall
 
 try:
     from django.conf import settings
-    from django.db import connections, transaction
+    from django.db import InterfaceError, OperationalError, connections, transaction
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
         "jobguard.contrib.django needs Django: pip install 'jobguard[django]'"
@@ -73,7 +73,19 @@ class DjangoSteps:
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Any, StepCall]]:
-        """An ``atomic()`` block on the alias's connection (see the protocol)."""
+        """An ``atomic()`` block on the alias's connection (see the protocol).
+
+        Django's own connection failures (connect, begin, commit) are raised as
+        :class:`~jobguard.exceptions.StoreUnavailableError`, as the store's own are.
+        """
+        try:
+            with self._atomic() as opened:
+                yield opened
+        except (OperationalError, InterfaceError) as error:
+            raise StoreUnavailableError(f"the db_step transaction failed: {error}") from error
+
+    @contextmanager
+    def _atomic(self) -> Iterator[tuple[Any, StepCall]]:
         wrapper = connections[self.using]
         if not wrapper.in_atomic_block:
             # What Django does around each request: a worker's handler thread keeps its
