@@ -5,6 +5,7 @@ stale fence rolls the ORM's writes back (G5.2), on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -46,17 +47,33 @@ def mapped_payments(store_url: str) -> sa.Table:
     return table
 
 
+@contextmanager
+def opened_world(url: str) -> Iterator[tuple[Backend, ControlledClock, sa.Engine]]:
+    """The store at ``url`` on a controlled clock, with a mapped ``payments`` table beside it."""
+    clock = ControlledClock()
+    backend = stores.open_backend(url, clock=clock)
+    table = mapped_payments(url)
+    engine = sa.create_engine(sqlalchemy_url(url))
+    table.create(engine)
+    try:
+        yield backend, clock, engine
+    finally:
+        sa.orm.clear_mappers()
+        engine.dispose()
+        backend.close()
+
+
 @pytest.fixture
 def world(store_url: str) -> Iterator[tuple[Backend, ControlledClock, sa.Engine]]:
-    clock = ControlledClock()
-    backend = stores.open_backend(store_url, clock=clock)
-    table = mapped_payments(store_url)
-    engine = sa.create_engine(sqlalchemy_url(store_url))
-    table.create(engine)
-    yield backend, clock, engine
-    sa.orm.clear_mappers()
-    engine.dispose()
-    backend.close()
+    with opened_world(store_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def pg_world() -> Iterator[tuple[Backend, ControlledClock, sa.Engine]]:
+    """PostgreSQL only: another connection can commit while the step's transaction is open."""
+    with opened_world(pg.fresh_store_url(pg.session_database())) as opened:
+        yield opened
 
 
 def payments(engine: sa.Engine) -> list[int]:
@@ -166,33 +183,25 @@ def test_a_stale_fence_refuses_the_step_and_writes_nothing(
     assert payments(engine) == []
 
 
-def test_a_lock_taken_over_while_the_step_runs_rolls_the_orm_write_back() -> None:
-    """PostgreSQL: another owner's lock commits while the ORM write is pending; the check after
-    the step function sees the newer fence and the write is rolled back. (On SQLite the step
-    holds the file's write lock, so no takeover can commit meanwhile.)"""
-    url = pg.fresh_store_url(pg.session_database())
-    clock = ControlledClock()
-    backend = stores.open_backend(url, clock=clock)
-    table = mapped_payments(url)
-    engine = sa.create_engine(sqlalchemy_url(url))
-    table.create(engine)
-    try:
-        guard = delivered(backend, resource="order:7")
+def test_a_lock_taken_over_while_the_step_runs_rolls_the_orm_write_back(
+    pg_world: tuple[Backend, ControlledClock, sa.Engine],
+) -> None:
+    """Another owner's lock commits while the ORM write is pending; the check after the step
+    function sees the newer fence and the write is rolled back. (On SQLite the step holds the
+    file's write lock, so no takeover can commit meanwhile.)"""
+    backend, clock, engine = pg_world
+    guard = delivered(backend, resource="order:7")
 
-        def pay_while_taken_over(session: Session, order_id: int) -> None:
-            session.add(Payment(order_id=order_id))
-            session.flush()
-            clock.advance(6)
-            assert backend.acquire_lock("order:7", "newer", 30.0) is not None
+    def pay_while_taken_over(session: Session, order_id: int) -> None:
+        session.add(Payment(order_id=order_id))
+        session.flush()
+        clock.advance(6)
+        assert backend.acquire_lock("order:7", "newer", 30.0) is not None
 
-        with pytest.raises(StaleFenceError):
-            backend.db_step(guard, KEY, "pay", pay_while_taken_over, (7,), SQLAlchemySteps(engine))
-        assert payments(engine) == []
-        assert backend.get_operation(KEY).steps == {}  # type: ignore[union-attr]
-    finally:
-        sa.orm.clear_mappers()
-        engine.dispose()
-        backend.close()
+    with pytest.raises(StaleFenceError):
+        backend.db_step(guard, KEY, "pay", pay_while_taken_over, (7,), SQLAlchemySteps(engine))
+    assert payments(engine) == []
+    assert backend.get_operation(KEY).steps == {}  # type: ignore[union-attr]
 
 
 def test_ctx_db_step_on_an_engine_through_a_worker(store_url: str) -> None:
@@ -227,34 +236,25 @@ def test_only_an_engine_is_taken() -> None:
         SQLAlchemySteps("sqlite:///x.db")  # type: ignore[arg-type]
 
 
-def test_a_connection_lost_in_the_step_is_a_store_outage_and_writes_nothing() -> None:
+def test_a_connection_lost_in_the_step_is_a_store_outage_and_writes_nothing(
+    pg_world: tuple[Backend, ControlledClock, sa.Engine],
+) -> None:
     """PostgreSQL cuts the step's connection after the ORM write: the handler sees jobguard's
     StoreUnavailableError (retried as an outage), never a driver's error, and nothing commits."""
-    import psycopg
+    backend, _, engine = pg_world
+    guard = delivered(backend)
 
-    url = pg.fresh_store_url(pg.session_database())
-    backend = stores.open_backend(url, clock=ControlledClock())
-    table = mapped_payments(url)
-    engine = sa.create_engine(sqlalchemy_url(url))
-    table.create(engine)
-    try:
-        guard = delivered(backend)
+    def pay_then_lose_the_connection(session: Session, order_id: int) -> int:
+        session.add(Payment(order_id=order_id))
+        session.flush()
+        pid = session.connection().connection.driver_connection.info.backend_pid
+        with engine.connect() as other:  # the server cuts the step's connection
+            other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        return order_id
 
-        def pay_then_lose_the_connection(session: Session, order_id: int) -> int:
-            session.add(Payment(order_id=order_id))
-            session.flush()
-            pid = session.connection().connection.driver_connection.info.backend_pid
-            with psycopg.connect(stores.conninfo_of(url), autocommit=True) as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            return order_id
-
-        with pytest.raises(StoreUnavailableError):
-            backend.db_step(
-                guard, KEY, "pay", pay_then_lose_the_connection, (7,), SQLAlchemySteps(engine)
-            )
-        assert payments(engine) == []
-        assert backend.get_operation(KEY).steps == {}  # type: ignore[union-attr]
-    finally:
-        sa.orm.clear_mappers()
-        engine.dispose()
-        backend.close()
+    with pytest.raises(StoreUnavailableError):
+        backend.db_step(
+            guard, KEY, "pay", pay_then_lose_the_connection, (7,), SQLAlchemySteps(engine)
+        )
+    assert payments(engine) == []
+    assert backend.get_operation(KEY).steps == {}  # type: ignore[union-attr]
