@@ -356,6 +356,11 @@ def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_pa
         ("```sh\njobguard --help   # exit 1\n```\n", "exited 0, expected 1"),
         ("```sh\njobguard --help\nrm -rf build\n```\n", "runs only jobguard"),
         ("```py\nprint('unmarked')\n```\n", "mark Python"),
+        (
+            "```python file=test_it.py\ndef test_it():\n    assert False\n```\n"
+            "```sh\npytest -q -p no:cacheprovider test_it.py\n```\n",
+            "exited 1, expected 0",
+        ),
     ],
     ids=[
         "exit-code",
@@ -365,6 +370,7 @@ def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_pa
         "expected-code",
         "mixed-shell",
         "unmarked",
+        "pytest-code",
     ],
 )
 def test_the_runner_fails_on_a_broken_example(tmp_path: Path, markdown: str, needle: str) -> None:
