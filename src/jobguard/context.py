@@ -18,6 +18,7 @@ from jobguard.hooks import Hooks
 if TYPE_CHECKING:
     from jobguard.backends.base import Backend, Begun
     from jobguard.models import Delivery, Guard
+    from jobguard.steptx import StepTransactions
 
 T = TypeVar("T")
 
@@ -211,13 +212,19 @@ class Context:
             value = self._checked("step_async", name, result)
             return await asyncio.to_thread(self._recorded, key, name, value)
 
-    def db_step(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+    def db_step(
+        self, name: str, fn: Callable[..., T], *args: Any, on: StepTransactions | None = None
+    ) -> T:
         """Run ``fn(conn, *args)`` in one transaction with the step record (guarantee G5.2).
 
         ``conn`` offers ``execute``/``executemany`` on the app's own database; business rows
         written there commit if and only if the step record commits, exactly once per operation.
         Names and results follow the rules of :meth:`step`; a result that would not come back
         unchanged rolls the transaction back, so its rows are not written either.
+
+        With ``on`` (e.g. :class:`jobguard.contrib.sqlalchemy.SQLAlchemySteps`, or
+        :class:`jobguard.contrib.django.DjangoSteps`) the transaction runs on that framework's
+        connection to the store's database and ``fn`` gets its handle (a session) instead.
         """
         key, done = self._claim_step("db_step", name)
         if done:
@@ -233,7 +240,7 @@ class Context:
             return self._checked("db_step", name, fn(conn, *fn_args))
 
         with self._hooks.running_step(self._inflight.delivery, name):
-            ran, value = self._backend.db_step(self._inflight.guard, key, name, checked, args)
+            ran, value = self._backend.db_step(self._inflight.guard, key, name, checked, args, on)
         self._steps[name] = value
         if ran:
             self.steps_run += 1
@@ -242,6 +249,11 @@ class Context:
         result: T = value
         return result
 
-    async def db_step_async(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """:meth:`db_step` for async code: the transaction runs on a thread, off the loop."""
-        return await asyncio.to_thread(self.db_step, name, fn, *args)
+    async def db_step_async(
+        self, name: str, fn: Callable[..., Any], *args: Any, on: StepTransactions | None = None
+    ) -> Any:
+        """:meth:`db_step` for async code: the transaction runs on a thread, off the loop.
+
+        ``fn`` is a plain function (it runs on that thread); ``on`` as in :meth:`db_step`.
+        """
+        return await asyncio.to_thread(self.db_step, name, fn, *args, on=on)

@@ -8,6 +8,8 @@ How a document's fenced blocks are treated (STYLE.md convention 11):
 * ```` ```python file=NAME ```` — written to ``NAME`` in that directory (a module the other blocks
   and commands import, e.g. ``shop.py`` for ``--app shop:app``); the test checks it imports.
 * ```` ```python-fragment ```` — an excerpt that cannot run on its own; shown, not run.
+* ```` ```sh ```` whose commands are ``pytest`` runs — each runs ``python -m pytest`` (the test
+  kit's plugin installed) in that directory and must exit 0, or the ``# exit N`` code.
 * ```` ```sh ```` whose first command starts with ``jobguard`` — each command runs with the
   installed entry point in that directory and must exit 0, or the code named by a trailing
   ``# exit N`` comment. A ``worker`` command without ``--burst`` (or a ``scheduler`` without
@@ -260,6 +262,14 @@ def run_until_started_then_sigterm(
 def run_shell(block: Block, workdir: Path) -> None:
     for command, expected in shell_commands(block):
         words = shlex.split(command, comments=True)
+        if words[0] == "pytest":
+            # the test kit's guide: a reader's own test session, with the plugin installed
+            done = run_in(workdir, [sys.executable, "-m", "pytest", *words[1:]])
+            assert done.returncode == expected, (
+                f"{block.where}: `{command}` exited {done.returncode}, expected {expected}:\n"
+                f"{done.stdout}\n{done.stderr}"
+            )
+            continue
         assert words[0] == "jobguard", (
             f"{block.where}: a jobguard block runs only jobguard: {command}"
         )
@@ -284,8 +294,9 @@ def run_shell_command(
 
 
 def is_jobguard_shell(block: Block) -> bool:
+    """A block of ``jobguard`` commands, or of ``pytest`` runs (the test kit's guide)."""
     commands = shell_commands(block)
-    return bool(commands) and commands[0][0].split()[0] == "jobguard"
+    return bool(commands) and commands[0][0].split()[0] in ("jobguard", "pytest")
 
 
 def is_executed(block: Block) -> bool:
@@ -345,6 +356,11 @@ def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_pa
         ("```sh\njobguard --help   # exit 1\n```\n", "exited 0, expected 1"),
         ("```sh\njobguard --help\nrm -rf build\n```\n", "runs only jobguard"),
         ("```py\nprint('unmarked')\n```\n", "mark Python"),
+        (
+            "```python file=test_it.py\ndef test_it():\n    assert False\n```\n"
+            "```sh\npytest -q -p no:cacheprovider test_it.py\n```\n",
+            "exited 1, expected 0",
+        ),
     ],
     ids=[
         "exit-code",
@@ -354,6 +370,7 @@ def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_pa
         "expected-code",
         "mixed-shell",
         "unmarked",
+        "pytest-code",
     ],
 )
 def test_the_runner_fails_on_a_broken_example(tmp_path: Path, markdown: str, needle: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from jobguard.exceptions import JobGuardError
 from jobguard.models import (
@@ -37,6 +37,9 @@ from jobguard.models import (
     QueueStats,
     ScheduleState,
 )
+
+if TYPE_CHECKING:
+    from jobguard.steptx import StepTransactions
 
 T = TypeVar("T")
 
@@ -319,9 +322,18 @@ class OperationPort(Protocol):
         """Record a step as done. Atomic; refused for a stale lease, claim or fence."""
 
     def db_step(
-        self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
+        self,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+        on: StepTransactions | None = None,
     ) -> tuple[bool, Any]:
         """Run ``fn(conn, *args)`` and record the step in the same transaction.
+
+        With ``on``, the transaction is one of ``on`` (a framework's connection to the store's
+        database) and ``fn`` gets the framework's handle (see :mod:`jobguard.steptx`).
 
         Only stores with :attr:`Backend.transactional_steps`. Returns ``(ran, value)``: ``ran``
         is False and ``value`` the stored JSON result when the step was already recorded. If

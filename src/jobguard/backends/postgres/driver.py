@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.url import parse_postgres_url
+from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import NamedStatements, Tx, UserCodeError
 from jobguard.exceptions import ConfigurationError, StepSQLError, StoreUnavailableError
 
@@ -73,7 +74,7 @@ class PostgresTx(NamedStatements):
 
     def __init__(
         self,
-        conn: psycopg.Connection[Any],
+        conn: psycopg.Connection[Any] | LoopBridge,
         queries: Mapping[str, str],
         clock: Callable[[], float] | None,
         server_clock: ServerClock,
@@ -84,8 +85,8 @@ class PostgresTx(NamedStatements):
         self._server_clock = server_clock
 
     @property
-    def connection(self) -> psycopg.Connection[Any]:
-        """The psycopg connection of this transaction."""
+    def connection(self) -> psycopg.Connection[Any] | LoopBridge:
+        """The psycopg connection of this transaction (bridged, for an asyncio caller's)."""
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
@@ -165,6 +166,7 @@ class PostgresDriver:
     """
 
     dialect = "postgres"
+    client_errors: tuple[type[Exception], ...] = (psycopg.Error,)
 
     def __init__(
         self,
@@ -195,7 +197,7 @@ class PostgresDriver:
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_pid = -1
         # Callers' connections already seen to hold this schema (checked once each).
-        self._adopted: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        self._adopted: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
         """A new autocommit connection of this store's database (closed by the caller)."""
@@ -235,7 +237,7 @@ class PostgresDriver:
                     self._pid = pid
         return self._pool
 
-    def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTx:
+    def _tx(self, conn: psycopg.Connection[Any] | LoopBridge) -> PostgresTx:
         return PostgresTx(conn, self._queries, self._clock, self._server_clock)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
@@ -263,50 +265,62 @@ class PostgresDriver:
             raise StoreUnavailableError(f"PostgreSQL read failed: {exc}") from exc
 
     def adopt(self, connection: Any) -> PostgresTx:
-        """The caller's own psycopg connection to this database, inside its transaction."""
-        if not isinstance(connection, psycopg.Connection):
+        """The caller's own connection to this database, inside its transaction.
+
+        A psycopg ``Connection`` (a pooled one too), a SQLAlchemy ``Connection`` or ``Session``
+        on psycopg, or (through :class:`~jobguard.backends.sql.callers.LoopBridge`) a psycopg
+        ``AsyncConnection``.
+        """
+        connection = unwrap(connection)
+        own = connection.target if isinstance(connection, LoopBridge) else connection
+        if not isinstance(own, psycopg.Connection | psycopg.AsyncConnection):
             raise ConfigurationError(
-                "connection= must be a psycopg Connection to the store's database, "
-                f"not {type(connection).__name__}"
+                "connection= must be a psycopg connection to the store's database (or a "
+                f"SQLAlchemy Connection or Session on one), not {type(own).__name__}"
             )
-        if connection.closed:
+        if own.closed:
             raise ConfigurationError(
                 "connection= is closed: pass an open psycopg connection to the store's database"
             )
-        status = connection.info.transaction_status
-        if connection.autocommit and status == TransactionStatus.IDLE:
+        status = own.info.transaction_status
+        if own.autocommit and status == TransactionStatus.IDLE:
             raise ConfigurationError(
                 "connection= is in autocommit mode outside a transaction: use "
                 "`with conn.transaction():` so the job commits or rolls back with your writes"
             )
         if status == TransactionStatus.INERROR:
             raise ConfigurationError("connection= is in a failed transaction; roll it back first")
-        if connection not in self._adopted:
-            self._check_adopted_schema(connection)
-            self._adopted.add(connection)
+        if own not in self._adopted:
+            self._check_adopted_schema(connection, own.info.dbname)
+            self._adopted.add(own)
         return self._tx(connection)
 
-    def _check_adopted_schema(self, connection: psycopg.Connection[Any]) -> None:
+    def _check_adopted_schema(
+        self, connection: psycopg.Connection[Any] | LoopBridge, database: str
+    ) -> None:
         """Refuse a caller's connection to a database without this store's tables, with the
         reason, instead of psycopg's own error from the enqueue's first statement."""
         try:
             row = (
-                connection.cursor(row_factory=tuple_row)
-                .execute("SELECT to_regclass(format('%%I.jobs', %s::text))", [self.schema])
+                connection.cursor(row_factory=dict_row)  # a bridged one gives dicts anyway
+                .execute("SELECT to_regclass(format('%%I.jobs', %s::text)) AS jobs", [self.schema])
                 .fetchone()
             )
         except psycopg.Error as exc:
             raise ConfigurationError(f"connection= cannot be used: {exc}") from exc
-        if row is None or row[0] is None:
+        if row is None or row["jobs"] is None:
             raise ConfigurationError(
-                f"connection= is on database {connection.info.dbname!r}, which has no jobguard "
+                f"connection= is on database {database!r}, which has no jobguard "
                 f"schema {self.schema!r}: pass a connection to the store's database (or run "
                 "`jobguard migrate` if it is that one)"
             )
 
     @contextmanager
-    def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
-        """The connection ``db_step`` code gets; it cannot end the step's transaction."""
+    def step_connection(self, tx: Tx, *, savepoints: bool = False) -> Iterator[StepConnection]:
+        """The connection ``db_step`` code gets; it cannot end the step's transaction.
+
+        Checked after the code ran (savepoints of its own are always allowed here).
+        """
         conn: psycopg.Connection[Any] = tx.connection
         yield StepConnection(conn)
         if conn.info.transaction_status != TransactionStatus.INTRANS:

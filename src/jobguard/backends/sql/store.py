@@ -19,7 +19,7 @@ The store is four parts by role, composed here:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobguard.backends.base import (
     BeginRequest,
@@ -49,6 +49,9 @@ from jobguard.models import (
     QueueStats,
     ScheduleState,
 )
+
+if TYPE_CHECKING:
+    from jobguard.steptx import StepTransactions
 
 T = TypeVar("T")
 
@@ -146,10 +149,16 @@ class SQLStore:
         self._proofs.put_step(guard, key, name, result_json)
 
     def db_step(
-        self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
+        self,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+        on: StepTransactions | None = None,
     ) -> tuple[bool, Any]:
         """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
-        return self._proofs.db_step(guard, key, name, fn, args)
+        return self._proofs.db_step(guard, key, name, fn, args, on)
 
     def get_operation(self, key: str) -> Operation | None:
         """The operation record with its steps, or ``None``."""

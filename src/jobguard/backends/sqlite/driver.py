@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
+from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import NamedStatements, Tx
 from jobguard.backends.sqlite.clock import host_clock
 from jobguard.backends.sqlite.connection import (
@@ -96,6 +97,14 @@ def _deny_transaction_control(action: int, *_: str | None) -> int:
     return sqlite3.SQLITE_OK
 
 
+def _deny_ending_the_transaction(action: int, *_: str | None) -> int:
+    """The same, but an ORM's own savepoints are allowed (the step's transaction is a BEGIN,
+    so no savepoint of theirs can end it)."""
+    if action == sqlite3.SQLITE_TRANSACTION:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -133,6 +142,7 @@ class SQLiteDriver:
     """
 
     dialect = "sqlite"
+    client_errors: tuple[type[Exception], ...] = (sqlite3.Error,)
 
     def __init__(
         self,
@@ -207,11 +217,18 @@ class SQLiteDriver:
             )
 
     def adopt(self, connection: Any) -> SQLiteTx:
-        """The caller's own open ``sqlite3`` connection to this file, inside its transaction."""
+        """The caller's own open connection to this file, inside its transaction.
+
+        A ``sqlite3`` connection, a SQLAlchemy ``Connection`` or ``Session`` on one, or (through
+        :class:`~jobguard.backends.sql.callers.LoopBridge`) an aiosqlite connection.
+        """
+        connection = unwrap(connection)
+        if isinstance(connection, LoopBridge):
+            return self._adopt_bridged(connection)
         if not isinstance(connection, sqlite3.Connection):
             raise ConfigurationError(
-                "connection= must be a sqlite3.Connection to the store's file, "
-                f"not {type(connection).__name__}"
+                "connection= must be a sqlite3.Connection to the store's file (or a SQLAlchemy "
+                f"Connection or Session on one), not {type(connection).__name__}"
             )
         try:
             _ = connection.total_changes  # raises on a closed connection, before any SQL
@@ -223,25 +240,42 @@ class SQLiteDriver:
             theirs = conn_path(connection)
         except sqlite3.Error as exc:
             raise ConfigurationError(f"connection= cannot be used: {exc}") from exc
+        self._check_adopted(theirs, connection.isolation_level, connection.in_transaction)
+        return SQLiteTx(connection, self._clock)
+
+    def _adopt_bridged(self, bridge: LoopBridge) -> SQLiteTx:
+        target = bridge.target
+        if not all(hasattr(target, name) for name in ("in_transaction", "isolation_level")):
+            raise ConfigurationError(
+                "connection= must be an aiosqlite connection to the store's file (or a "
+                f"SQLAlchemy AsyncConnection or AsyncSession on one), not {type(target).__name__}"
+            )
+        names = bridge.execute("PRAGMA database_list").fetchall()
+        theirs = next((str(row["file"]) for row in names if row["name"] == "main"), "")
+        self._check_adopted(theirs, target.isolation_level, target.in_transaction)
+        return SQLiteTx(bridge, self._clock)  # type: ignore[arg-type]  # a DB-API face
+
+    def _check_adopted(self, theirs: str, isolation_level: str | None, in_tx: bool) -> None:
         if not theirs or os.path.realpath(theirs) != os.path.realpath(self.path):
             raise ConfigurationError(
                 f"connection= is open on {theirs or 'an in-memory database'!r}, not on the "
                 f"store's file {self.path!r}"
             )
-        if connection.isolation_level is None and not connection.in_transaction:
+        if isolation_level is None and not in_tx:
             raise ConfigurationError(
                 "connection= is in autocommit mode outside a transaction: run BEGIN first, "
                 "so the job commits or rolls back with your writes"
             )
-        return SQLiteTx(connection, self._clock)
 
     @contextmanager
-    def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
+    def step_connection(self, tx: Tx, *, savepoints: bool = False) -> Iterator[StepConnection]:
         """The connection ``db_step`` code gets; it cannot end the step's transaction."""
         conn: sqlite3.Connection = tx.connection
         # fn must not end the step's transaction (COMMIT, ROLLBACK, RELEASE): its rows would
         # then commit without the step record.
-        conn.set_authorizer(_deny_transaction_control)
+        conn.set_authorizer(
+            _deny_ending_the_transaction if savepoints else _deny_transaction_control
+        )
         try:
             yield StepConnection(conn)
         finally:
