@@ -112,6 +112,33 @@ class PostgresTx(NamedStatements):
         return float(row["now"])
 
 
+# SQLSTATE classes of a failing server or connection, not of the statement: connection
+# exceptions (08), operator intervention (57P: admin or crash shutdown, cannot connect now),
+# insufficient resources (53), and timeouts and aborts the server decided (a statement or lock
+# timeout, a deadlock, a serialization failure).
+_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "53")
+_OUTAGE_SQLSTATES = frozenset({"57014", "55P03", "40001", "40P01"})
+
+
+def is_outage(exc: psycopg.Error) -> bool:
+    """Whether a psycopg error is the server or the connection failing, not the SQL.
+
+    An error with no SQLSTATE is the client's: a connection closed or lost, a pool timeout.
+    """
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith(_OUTAGE_SQLSTATE_PREFIXES) or state in _OUTAGE_SQLSTATES
+
+
+def step_error(exc: psycopg.Error) -> StepSQLError | StoreUnavailableError:
+    """The jobguard error for a failed statement of a db_step: an outage of the store, or the
+    step's SQL failing (a constraint, a syntax error)."""
+    if is_outage(exc):
+        return StoreUnavailableError(f"the step's connection to PostgreSQL failed: {exc}")
+    return StepSQLError(f"SQL of the step failed: {exc}")
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -133,7 +160,7 @@ class StepConnection:
         try:
             return self._conn.cursor(row_factory=tuple_row).execute(query, parameters)
         except psycopg.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
 
     def executemany(self, query: str, params_seq: Any) -> psycopg.Cursor[Any]:
         """Run one statement for each parameter set, in the step's transaction."""
@@ -143,7 +170,7 @@ class StepConnection:
         try:
             cursor.executemany(query, params_seq)
         except psycopg.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
         return cursor
 
 
