@@ -15,7 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from jobguard import App, JobStatus, Outcome
+from tests.support import stores
 from tests.support.outage_app import (
+    HOSTILE_COMMIT,
+    HOSTILE_ROWS,
     MAIL,
     MAIL_URL_ENV,
     STORE_OUTAGE,
@@ -64,6 +67,22 @@ def test_a_store_failure_under_a_db_step_is_retried_never_fatal_nor_poison(
     assert all(a.error_type == "StoreUnavailableError" for a in oapp.attempts(job_id=job.id)[:3])
     done = [e for e in read_events(store_url) if e["what"] == "done"]
     assert [e["attempt"] for e in done] == [4]
+
+
+def test_a_db_step_cannot_commit_its_rows_on_its_own(store_url: str, oapp: App) -> None:
+    """A db_step whose SQL text commits by itself (``INSERT …; COMMIT; BEGIN``) and then fails
+    on two of three deliveries leaves no row behind: the step's transaction cannot be ended from
+    inside it, so its rows are only ever kept with its step record."""
+    stores.execute(store_url, [f"CREATE TABLE {stores.table(store_url, HOSTILE_ROWS)} (n INTEGER)"])
+    job = oapp.tasks[HOSTILE_COMMIT].enqueue(n=1)
+    with workers(spawn_worker(store_url, APP_MODULE, concurrency=1)) as (proc,):
+        proc.wait_ready()
+        wait_until(lambda: settled(oapp, [job.id]), timeout_s=60)
+    rows = stores.query(store_url, f"SELECT count(*) FROM {stores.table(store_url, HOSTILE_ROWS)}")
+    assert rows == [(0,)]
+    final = oapp.get_job(job.id)
+    assert final.status is JobStatus.DEAD
+    assert {a.error_type for a in oapp.attempts(job_id=job.id)} == {"StepSQLError"}
 
 
 class MailAPI:

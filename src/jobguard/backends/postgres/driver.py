@@ -45,11 +45,11 @@ _RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
 _RETRIES = 5
 _CONNECT_TIMEOUT_S = 10
 _RECONNECT_WINDOW_S = 5.0
-# Statements a db_step function may not run: they would end the step's transaction.
-_TRANSACTION_CONTROL = re.compile(
-    r"^\s*(begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction)\b",
-    re.IGNORECASE,
+# The first words of the statements that end (or split) the transaction a db_step runs in.
+_ENDS_TRANSACTION = frozenset(
+    {"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
 )
+_WORD = re.compile(r"[A-Za-z_]+")
 
 
 def render_queries(schema: str) -> dict[str, str]:
@@ -139,38 +139,102 @@ def step_error(exc: psycopg.Error) -> StepSQLError | StoreUnavailableError:
     return StepSQLError(f"SQL of the step failed: {exc}")
 
 
+def leading_words(query: str, count: int = 2) -> list[str]:
+    """The first ``count`` words of a statement, lower-cased, after what the server skips
+    before it: white space, empty statements (``;``), ``--`` and nested ``/* */`` comments."""
+    words: list[str] = []
+    i, n = 0, len(query)
+    while i < n and len(words) < count:
+        if query[i].isspace() or query[i] == ";":
+            i += 1
+        elif query.startswith("--", i):
+            end = query.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif query.startswith("/*", i):
+            depth = 0
+            while i < n:
+                if query.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif query.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                    if depth == 0:
+                        break
+                else:
+                    i += 1
+        else:
+            word = _WORD.match(query, i)
+            if word is None:
+                break
+            words.append(word.group(0).lower())
+            i = word.end()
+    return words
+
+
+def ends_transaction(query: str) -> bool:
+    """Whether one statement would end the transaction it runs in (or split it)."""
+    words = leading_words(query)
+    return bool(words) and (words[0] in _ENDS_TRANSACTION or words == ["prepare", "transaction"])
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
-    Placeholders are psycopg's (``%s`` or ``%(name)s``); rows come back as tuples. Statements
-    that would end the transaction are refused, and errors are raised as
-    :class:`~jobguard.exceptions.StepSQLError`.
+    Placeholders are psycopg's (``%s`` or ``%(name)s``); rows come back as tuples. The step's
+    transaction cannot be ended from here, whatever the text: each call runs one statement (in
+    pipeline mode the server refuses a text of several), one that would end the transaction is
+    refused before it is sent, and a transaction found ended after a statement fails the step.
+    Errors are raised as :class:`~jobguard.exceptions.StepSQLError`, or as
+    :class:`~jobguard.exceptions.StoreUnavailableError` when the connection or server failed.
     """
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
+        self._ended = False
 
-    def execute(self, query: str, parameters: Any = None) -> psycopg.Cursor[Any]:
-        """Run one statement in the step's transaction."""
-        if _TRANSACTION_CONTROL.match(query):
+    def _check(self, query: Any) -> None:
+        if self._ended:
+            raise StepSQLError("the step's transaction ended; no statement can run in it")
+        if not isinstance(query, str | bytes | sql.Composable):
+            raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
+        text = query.as_string(self._conn) if isinstance(query, sql.Composable) else query
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if ends_transaction(text):
             raise StepSQLError(
                 "a db_step function may not begin, commit or roll back: its rows commit "
                 "together with the step record"
             )
+
+    def _after(self) -> None:
+        if self._conn.info.transaction_status != TransactionStatus.INTRANS:
+            self._ended = True
+            raise StepSQLError(
+                "the step's transaction ended inside the db_step function; nothing of it is "
+                "kept with the step record"
+            )
+
+    def execute(self, query: str, parameters: Any = None) -> psycopg.Cursor[Any]:
+        """Run one statement in the step's transaction."""
+        self._check(query)
+        cursor = self._conn.cursor(row_factory=tuple_row)
         try:
-            return self._conn.cursor(row_factory=tuple_row).execute(query, parameters)
+            with self._conn.pipeline():  # the extended protocol: one statement per text
+                cursor.execute(query, parameters)
         except psycopg.Error as exc:
             raise step_error(exc) from exc
+        self._after()
+        return cursor
 
     def executemany(self, query: str, params_seq: Any) -> psycopg.Cursor[Any]:
         """Run one statement for each parameter set, in the step's transaction."""
-        if _TRANSACTION_CONTROL.match(query):
-            raise StepSQLError("a db_step function may not begin, commit or roll back")
+        self._check(query)
         cursor = self._conn.cursor(row_factory=tuple_row)
         try:
-            cursor.executemany(query, params_seq)
+            with self._conn.pipeline():
+                cursor.executemany(query, params_seq)
         except psycopg.Error as exc:
             raise step_error(exc) from exc
+        self._after()
         return cursor
 
 
