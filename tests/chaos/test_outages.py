@@ -128,6 +128,7 @@ class MailAPI:
         self.server.server_close()
 
 
+@pytest.mark.xfail(reason="the worker does not read the failure history yet", strict=True)
 def test_an_http_outage_buries_nothing_and_every_job_completes(store_url: str, oapp: App) -> None:
     """Five jobs call a mail API that answers 503 (``raise_for_status()``: the same
     ``HTTPStatusError`` again and again) until every job has failed more often than the poison

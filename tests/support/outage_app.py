@@ -19,17 +19,15 @@ store's home directory; :func:`read_events` reads them back.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from jobguard import App, Context
 from jobguard.backends.sqlite import SQLiteBackend
-from tests.support import stores
+from tests.support import jsonl_events, stores
 
 MAIL_URL_ENV = "OUTAGE_MAIL_URL"
 STORE_OUTAGE = "store_outage"
@@ -46,22 +44,10 @@ class MailAPIError(Exception):
 
 
 def _record(url: str, ctx: Context, what: str) -> None:
-    home = stores.home_of(url)
-    home.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"job": ctx.job_id, "attempt": ctx.attempt, "what": what}) + "\n"
-    fd = os.open(home / f"events-{os.getpid()}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    jsonl_events.append(url, job=ctx.job_id, attempt=ctx.attempt, what=what)
 
 
-def read_events(url: str) -> list[dict[str, Any]]:
-    """Every line the handlers of any worker process appended."""
-    events: list[dict[str, Any]] = []
-    for path in sorted(Path(stores.home_of(url)).glob("events-*.jsonl")):
-        events.extend(json.loads(line) for line in path.read_text().splitlines())
-    return events
+read_events = jsonl_events.read_all
 
 
 def _failing_step(url: str, ctx: Context, name: str) -> None:

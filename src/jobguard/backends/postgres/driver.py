@@ -28,6 +28,7 @@ from jobguard.exceptions import ConfigurationError, StepSQLError, StoreUnavailab
 try:
     import psycopg
     from psycopg import errors, sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg.pq import TransactionStatus
     from psycopg.rows import dict_row, tuple_row
     from psycopg.types.json import Jsonb
@@ -43,7 +44,20 @@ _RAW = load_queries("jobguard.backends.postgres")
 # The server aborted the transaction on its own; nothing of it committed, so it is run again.
 _RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
 _RETRIES = 5
-_CONNECT_TIMEOUT_S = 10
+# Every connection jobguard opens notices a dead peer or a network that stopped answering in
+# seconds, not at the kernel's defaults (hours for an idle socket, ~15 minutes for unanswered
+# data): TCP keepalives probe an idle connection, tcp_user_timeout bounds unacknowledged data,
+# and the server ends one of jobguard's statements that waits too long for a lock or runs on.
+# A setting the URL gives wins over these.
+CONNECTION_DEFAULTS: dict[str, str] = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",  # milliseconds
+}
+SERVER_TIMEOUTS = "-c statement_timeout=60s -c lock_timeout=30s"
 _RECONNECT_WINDOW_S = 5.0
 # The first words of the statements that end (or split) the transaction a db_step runs in.
 _ENDS_TRANSACTION = frozenset(
@@ -60,6 +74,15 @@ def render_queries(schema: str) -> dict[str, str]:
     """
     values = {"schema": sql.Identifier(schema), "channel": sql.Literal(channel_of(schema))}
     return {name: sql.SQL(text).format(**values).as_string(None) for name, text in _RAW.items()}
+
+
+def with_connection_defaults(conninfo: str) -> str:
+    """``conninfo`` with :data:`CONNECTION_DEFAULTS` and :data:`SERVER_TIMEOUTS` where it sets
+    none of its own (its ``options`` come after ours, so a ``-c`` of the URL's wins)."""
+    given = conninfo_to_dict(conninfo)
+    params: dict[str, Any] = {**CONNECTION_DEFAULTS, **given}
+    params["options"] = f"{SERVER_TIMEOUTS} {given.get('options') or ''}".strip()
+    return make_conninfo("", **params)
 
 
 def channel_of(schema: str) -> str:
@@ -269,7 +292,7 @@ class PostgresDriver:
         parsed = parse_postgres_url(url, schema)
         self.url = parsed.display
         self.schema = parsed.schema
-        self._conninfo = parsed.conninfo
+        self._conninfo = with_connection_defaults(parsed.conninfo)
         self._queries = render_queries(self.schema)
         self._clock = clock
         self._server_clock = ServerClock()
@@ -287,9 +310,7 @@ class PostgresDriver:
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
         """A new autocommit connection of this store's database (closed by the caller)."""
         try:
-            return psycopg.connect(
-                self._conninfo, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, **options
-            )
+            return psycopg.connect(self._conninfo, autocommit=True, **options)
         except psycopg.Error as exc:
             raise StoreUnavailableError(
                 f"cannot connect to PostgreSQL at {self.url}: {str(exc).strip()}"
@@ -307,7 +328,6 @@ class PostgresDriver:
                         max_size=self._pool_size,
                         kwargs={
                             "autocommit": True,
-                            "connect_timeout": _CONNECT_TIMEOUT_S,
                             # Shown in pg_stat_activity: which worker process holds what.
                             "application_name": f"jobguard:{pid}",
                         },

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from jobguard.exceptions import ConfigurationError
 
@@ -52,7 +52,8 @@ def parse_postgres_url(url: str, schema: str | None = None) -> PostgresURL:
             chosen = value if chosen is None else chosen
         else:
             options.append((key, value))
-    conninfo = urlunsplit(parts._replace(query=urlencode(options)))
+    # libpq reads %20 as a space but not "+": quote, never quote_plus
+    conninfo = urlunsplit(parts._replace(query=urlencode(options, quote_via=quote)))
     netloc = parts.netloc
     if parts.password is not None:
         netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
