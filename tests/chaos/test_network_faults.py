@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobguard import App, JobStatus
-from tests.support import pg
+from jobguard import App, JobStatus, Outcome
+from tests.support import pg, stores
 from tests.support.faultproxy import FaultProxy
-from tests.support.network_app import CALL_ONCE, make_app, read_events
+from tests.support.network_app import BRIEF, CALL_ONCE, RUN_ONCE, make_app, read_events
 from tests.support.procs import spawn_worker, wait_until, workers
 
 pytestmark = pytest.mark.chaos
@@ -105,3 +105,41 @@ def test_every_connection_of_the_store_has_timeouts_and_keepalives(pg_url: str) 
         assert timeouts == ("1min",)
     finally:
         driver.close()
+
+
+def test_an_ack_on_a_connection_reset_meanwhile_is_written_on_a_new_connection(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """Every connection of the worker is reset while its handler runs (the idle pooled ones
+    too), so the ack's transaction fails as it begins: the ack is written again at once on a
+    new connection, and the job is not left to its lease to run again."""
+    with workers(spawn_worker(proxy.url_for(pg_url), APP_MODULE, worker_id="A")) as (worker,):
+        worker.wait_ready()
+        job = napp.tasks[RUN_ONCE].enqueue()
+        wait_until(lambda: bool(events(pg_url, "ran")), timeout_s=30)
+        proxy.reset_all()
+        (stores.home_of(pg_url) / "go").touch()
+        wait_until(lambda: napp.get_job(job.id).status is JobStatus.COMPLETED, timeout_s=60)
+    assert proxy.resets >= 1
+    assert [a.outcome for a in napp.attempts(job_id=job.id)] == [Outcome.COMPLETED]
+    assert len(events(pg_url, "ran")) == 1
+
+
+def test_under_latency_every_job_runs_once_and_keeps_its_lease(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """200 ms added each way between a worker and PostgreSQL (several round trips per write):
+    every job runs once, keeps its 3 s lease from fetch to ack, and completes."""
+    proxy.latency(0.2)
+    jobs = [napp.tasks[BRIEF].enqueue(n=n, work_s=0.5) for n in range(8)]
+    url = proxy.url_for(pg_url)
+    with workers(spawn_worker(url, APP_MODULE, worker_id="A", concurrency=2)) as (worker,):
+        worker.wait_ready()
+        wait_until(
+            lambda: all(napp.get_job(j.id).status is JobStatus.COMPLETED for j in jobs),
+            timeout_s=120,
+        )
+    outcomes = [a.outcome for j in jobs for a in napp.attempts(job_id=j.id)]
+    assert outcomes == [Outcome.COMPLETED] * len(jobs)
+    assert len(events(pg_url, "ran")) == len(jobs)
+    assert events(pg_url, "lost") == []

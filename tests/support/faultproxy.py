@@ -7,9 +7,7 @@ Modes, switched while connections are open:
 * black hole: nothing goes through, and nothing is refused: what is sent is read and dropped,
   new connections are accepted and never answered (a failed switch, a NAT timeout, a paused
   VM, as the client's side of the connection sees them);
-* reset: :meth:`FaultProxy.reset_all` cuts every open connection with a TCP reset, and
-  :meth:`FaultProxy.reset_on` cuts the connection whose client sends a given byte string
-  (a deterministic fault point: "the ack statement was on its way").
+* reset: :meth:`FaultProxy.reset_all` cuts every open connection with a TCP reset.
 
 :meth:`FaultProxy.heal` ends a black hole; the connections that lost bytes in it are reset, as
 the client's own TCP timeout would have ended them.
@@ -58,7 +56,6 @@ class FaultProxy:
         self.mode = PASS
         self.latency_s = 0.0
         self.resets = 0
-        self._reset_patterns: list[bytes] = []
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -100,11 +97,6 @@ class FaultProxy:
         for pair in pairs:
             self._reset(pair)
 
-    def reset_on(self, pattern: bytes) -> None:
-        """Reset the next connection whose client sends ``pattern`` (once per call)."""
-        with self._lock:
-            self._reset_patterns.append(pattern)
-
     def close(self) -> None:
         """Stop accepting and reset every connection."""
         self._stopped = True
@@ -133,20 +125,10 @@ class FaultProxy:
             pair = _Pair(client, server)
             with self._lock:
                 self._pairs.append(pair)
-            for source, sink, upstream in ((client, server, True), (server, client, False)):
-                threading.Thread(
-                    target=self._pump, args=(pair, source, sink, upstream), daemon=True
-                ).start()
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(pair, source, sink), daemon=True).start()
 
-    def _matches_reset(self, chunk: bytes) -> bool:
-        with self._lock:
-            for pattern in self._reset_patterns:
-                if pattern in chunk:
-                    self._reset_patterns.remove(pattern)
-                    return True
-        return False
-
-    def _pump(self, pair: _Pair, source: socket.socket, sink: socket.socket, up: bool) -> None:
+    def _pump(self, pair: _Pair, source: socket.socket, sink: socket.socket) -> None:
         try:
             while not pair.closed:
                 ready, _, _ = select.select([source], [], [], 0.05)
@@ -158,9 +140,6 @@ class FaultProxy:
                 if self.mode == BLACK_HOLE:
                     pair.dropped = True
                     continue
-                if up and self._reset_patterns and self._matches_reset(chunk):
-                    self._reset(pair)
-                    return
                 if self.mode == LATENCY:
                     time.sleep(self.latency_s)
                 sink.sendall(chunk)

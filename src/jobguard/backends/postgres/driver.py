@@ -32,7 +32,7 @@ try:
     from psycopg.pq import TransactionStatus
     from psycopg.rows import dict_row, tuple_row
     from psycopg.types.json import Jsonb
-    from psycopg_pool import ConnectionPool
+    from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
         "PostgreSQL needs the postgres extra: pip install 'jobguard[postgres]'"
@@ -152,6 +152,14 @@ def is_outage(exc: psycopg.Error) -> bool:
     if state is None:
         return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     return state.startswith(_OUTAGE_SQLSTATE_PREFIXES) or state in _OUTAGE_SQLSTATES
+
+
+def connection_broke(exc: psycopg.Error) -> bool:
+    """Whether the connection itself failed (reset, closed, terminated), not the statement or
+    the pool (a pool timeout is not retried on a new connection: the server is saturated)."""
+    if isinstance(exc, PoolTimeout) or not isinstance(exc, psycopg.OperationalError):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
 
 
 def step_error(exc: psycopg.Error) -> StepSQLError | StoreUnavailableError:
@@ -346,11 +354,17 @@ class PostgresDriver:
         return PostgresTx(conn, self._queries, self._clock, self._server_clock)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
-        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock)."""
+        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock), and once
+        on a new connection if its connection broke before the commit was sent (a reset): then
+        nothing of it committed, so it is run again instead of left to a lease."""
+        fresh = False
         for attempt in range(_RETRIES):
+            committing = False
             try:
-                with self._pool_of_this_process().connection() as conn, conn.transaction():
-                    return fn(self._tx(conn))
+                with self._writing(fresh=fresh) as conn, conn.transaction():
+                    result = fn(self._tx(conn))
+                    committing = True  # from here an error may come after the commit landed
+                return result
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
             except _RETRYABLE as exc:
@@ -358,8 +372,27 @@ class PostgresDriver:
                     raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
                 time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
             except psycopg.Error as exc:  # the pool's own errors (a timeout) included
+                if not fresh and not committing and connection_broke(exc):
+                    fresh = True
+                    continue
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection, or (``fresh``) a new one of its own, closed after the write."""
+        if not fresh:
+            with self._pool_of_this_process().connection() as conn:
+                yield conn
+            return
+        try:
+            conn = psycopg.connect(
+                self._conninfo, autocommit=True, application_name=f"jobguard:{os.getpid()}"
+            )
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
+        with conn:
+            yield conn
 
     def read(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` on a pooled connection (each statement sees committed data)."""
