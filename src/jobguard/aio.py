@@ -48,18 +48,21 @@ class EventLoopThread:
         except RuntimeError:
             coroutine.close()  # never awaited: say nothing about it at garbage collection
             raise
-        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        future = asyncio.run_coroutine_threadsafe(_contained(coroutine), loop)
         try:
-            return future.result()
+            result = future.result()
         except concurrent.futures.CancelledError:
             if not self._closed:
                 raise
-        # Cancelled by close(), at shutdown, after the worker handed its lease back: like a
-        # sync handler still running when the worker exits, this delivery writes nothing more
-        # (a late retry or refusal would overwrite the attempt's `released`). The handler
-        # thread is a daemon: it waits here until the process ends.
-        threading.Event().wait()
-        raise AssertionError("unreachable")  # pragma: no cover
+            # Cancelled by close(), at shutdown, after the worker handed its lease back: like a
+            # sync handler still running when the worker exits, this delivery writes nothing
+            # more (a late retry or refusal would overwrite the attempt's `released`). The
+            # handler thread is a daemon: it waits here until the process ends.
+            threading.Event().wait()
+            raise AssertionError("unreachable") from None  # pragma: no cover
+        if isinstance(result, _Exited):
+            raise result.exc  # on the calling thread, which treats it as the job's failure
+        return result
 
     def close(self) -> None:
         """Cancel what still runs on the loop, stop it and join its thread."""
@@ -85,6 +88,25 @@ class EventLoopThread:
             loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
+
+
+class _Exited:
+    """A coroutine raised SystemExit or KeyboardInterrupt: carried out as a value."""
+
+    def __init__(self, exc: SystemExit | KeyboardInterrupt) -> None:
+        self.exc = exc
+
+
+async def _contained(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Await ``coroutine``; a SystemExit or KeyboardInterrupt it raises comes back as a value.
+
+    Raised inside a task, asyncio lets those two escape the loop itself: the loop thread would
+    stop, the caller would wait for ever and the job would stay running under a renewed lease.
+    """
+    try:
+        return await coroutine
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return _Exited(exc)
 
 
 async def _cancel_all() -> None:
