@@ -42,6 +42,9 @@ class InFlight:
         # A plain flag, not an Event: it is only ever set once and read, and one is made per job.
         self.lost = False
         self.lost_reason = ""
+        # Lost by this worker's clock only (no renewal got through for a lease length); the
+        # store may still hold it as ours, so the heartbeat keeps renewing it.
+        self.judged_lost = False
         self.started = False  # taken by a handler thread: shutdown waits for it, not releases it
         self.finishing = False  # handler done; its ending waits in the settler's batch
         # The pipeline is writing how the delivery ends: a refusal of that write reports a lost
@@ -79,7 +82,8 @@ class InFlight:
         elapsed = (time.monotonic() if now is None else now) - self.renewed_at
         if self.lost or self.closing or elapsed < self.guarded_s():
             return False
-        return self.mark_lost(messages.lease_overdue(elapsed, self.guarded_s()))
+        self.judged_lost = self.mark_lost(messages.lease_overdue(elapsed, self.guarded_s()))
+        return self.judged_lost
 
 
 class Context:

@@ -89,7 +89,9 @@ class Heartbeat(threading.Thread):
         for item in snapshot:
             if item.overdue(beat_at):  # the last beat hung or failed for a whole lease length
                 self._hooks.lease_lost(item.delivery, item.lost_reason)
-        current = [item for item in snapshot if not item.lost]
+        # Judged lost on this worker's clock is not taken over: such a lease is still renewed,
+        # so that while it may be ours no other worker gets the job.
+        current = [item for item in snapshot if not item.lost or item.judged_lost]
         if not current:
             return
         renewals = [
@@ -115,8 +117,9 @@ class Heartbeat(threading.Thread):
                 reason = "resource lock expired and was taken over"
             else:
                 continue
-            item.mark_lost(reason)
-            self._hooks.lease_lost(item.delivery, reason)
+            item.judged_lost = False  # confirmed: the store says so
+            if item.mark_lost(reason):
+                self._hooks.lease_lost(item.delivery, reason)
 
     def _give_up_unrenewable(self, current: list[InFlight]) -> None:
         """The store cannot be reached: a lease not renewed for its whole length may have
