@@ -45,6 +45,8 @@ class InFlight:
         # Lost by this worker's clock only (no renewal got through for a lease length); the
         # store may still hold it as ours, so the heartbeat keeps renewing it.
         self.judged_lost = False
+        # A crash-loop suspect (its last attempt was lost): its worker runs it alone.
+        self.solo = False
         self.started = False  # taken by a handler thread: shutdown waits for it, not releases it
         self.finishing = False  # handler done; its ending waits in the settler's batch
         # The pipeline is writing how the delivery ends: a refusal of that write reports a lost
