@@ -287,6 +287,8 @@ class Worker:
                 idle = not self._inflight
             if self._stopping.is_set():
                 return
+            # The leases start on the store's side during the fetch: judge them from before it.
+            asked_at = time.monotonic()
             try:
                 deliveries = self.app.backend.fetch_prepared(
                     self.queues, room, self.worker_id, self._rules
@@ -307,7 +309,7 @@ class Worker:
                 continue
             failures = 0
             if deliveries:
-                self._accept(deliveries)
+                self._accept(deliveries, asked_at)
                 continue
             if burst and idle:
                 return
@@ -329,8 +331,11 @@ class Worker:
         self.failure = exc
         self._stopping.set()
 
-    def _accept(self, deliveries: list[Prepared]) -> None:
-        items = self._suspect_alone([self._pipeline.adopt(prepared) for prepared in deliveries])
+    def _accept(self, deliveries: list[Prepared], asked_at: float) -> None:
+        adopted = [self._pipeline.adopt(prepared) for prepared in deliveries]
+        for item in adopted:
+            item.renewed_at = asked_at  # ctx.lease_lost counts a lease length from here
+        items = self._suspect_alone(adopted)
         with self._inflight_lock:
             for item in items:
                 self._inflight[item.delivery.lease_token] = item

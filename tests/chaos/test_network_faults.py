@@ -129,7 +129,10 @@ def test_under_latency_every_job_runs_once_and_keeps_its_lease(
     pg_url: str, proxy: FaultProxy, napp: App
 ) -> None:
     """200 ms added each way between a worker and PostgreSQL (several round trips per write):
-    every job runs once, keeps its 3 s lease from fetch to ack, and completes."""
+    every job runs once, keeps its lease from fetch to ending, and completes. The lease is 6 s:
+    a renewal takes several round trips (over a second here), and a delivery fetched while a
+    beat is on its way waits for the next one, so a 3 s lease can still run out before its
+    first renewal at this latency."""
     proxy.latency(0.2)
     jobs = [napp.tasks[BRIEF].enqueue(n=n, work_s=0.5) for n in range(8)]
     url = proxy.url_for(pg_url)
