@@ -55,3 +55,17 @@ def stale_fence(resource: str, fence: int, newest: int) -> StaleFenceError:
     return StaleFenceError(
         f"resource {resource!r}: fence {fence} is stale (fence {newest} was granted since)"
     )
+
+
+def shared_failure(error_type: str, error: str, peers: int) -> str:
+    """Why a repeated error was not taken for poison: other jobs of the task fail alike."""
+    others = "1 other job" if peers == 1 else f"{peers} other jobs"
+    return f"{error_type}: {error} (an outage, not poison: {others} of the task failed alike)"
+
+
+def lease_overdue(elapsed_s: float, period_s: float) -> str:
+    """Why a delivery is taken for lost when its renewals stopped getting through."""
+    return (
+        f"lease not renewed for {elapsed_s:.1f}s, its whole length of {period_s:g}s (store "
+        "unreachable or not answering): it may have expired and gone to another worker"
+    )

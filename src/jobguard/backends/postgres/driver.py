@@ -30,10 +30,11 @@ from jobguard.exceptions import ConfigurationError, StepSQLError, StoreUnavailab
 try:
     import psycopg
     from psycopg import errors, sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg.pq import TransactionStatus
     from psycopg.rows import dict_row, tuple_row
     from psycopg.types.json import Jsonb
-    from psycopg_pool import ConnectionPool
+    from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
         "PostgreSQL needs the postgres extra: pip install 'jobguard[postgres]'"
@@ -45,13 +46,26 @@ _RAW = load_queries("jobguard.backends.postgres")
 # The server aborted the transaction on its own; nothing of it committed, so it is run again.
 _RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
 _RETRIES = 5
-_CONNECT_TIMEOUT_S = 10
+# Every connection jobguard opens notices a dead peer or a network that stopped answering in
+# seconds, not at the kernel's defaults (hours for an idle socket, ~15 minutes for unanswered
+# data): TCP keepalives probe an idle connection, tcp_user_timeout bounds unacknowledged data,
+# and the server ends one of jobguard's statements that waits too long for a lock or runs on.
+# A setting the URL gives wins over these.
+CONNECTION_DEFAULTS: dict[str, str] = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",  # milliseconds
+}
+SERVER_TIMEOUTS = "-c statement_timeout=60s -c lock_timeout=30s"
 _RECONNECT_WINDOW_S = 5.0
-# Statements a db_step function may not run: they would end the step's transaction.
-_TRANSACTION_CONTROL = re.compile(
-    r"^\s*(begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction)\b",
-    re.IGNORECASE,
+# The first words of the statements that end (or split) the transaction a db_step runs in.
+_ENDS_TRANSACTION = frozenset(
+    {"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
 )
+_WORD = re.compile(r"[A-Za-z_]+")
 
 
 def render_queries(schema: str) -> dict[str, str]:
@@ -62,6 +76,15 @@ def render_queries(schema: str) -> dict[str, str]:
     """
     values = {"schema": sql.Identifier(schema), "channel": sql.Literal(channel_of(schema))}
     return {name: sql.SQL(text).format(**values).as_string(None) for name, text in _RAW.items()}
+
+
+def with_connection_defaults(conninfo: str) -> str:
+    """``conninfo`` with :data:`CONNECTION_DEFAULTS` and :data:`SERVER_TIMEOUTS` where it sets
+    none of its own (its ``options`` come after ours, so a ``-c`` of the URL's wins)."""
+    given = conninfo_to_dict(conninfo)
+    params: dict[str, Any] = {**CONNECTION_DEFAULTS, **given}
+    params["options"] = f"{SERVER_TIMEOUTS} {given.get('options') or ''}".strip()
+    return make_conninfo("", **params)
 
 
 def channel_of(schema: str) -> str:
@@ -114,38 +137,137 @@ class PostgresTx(NamedStatements):
         return float(row["now"])
 
 
+# SQLSTATE classes of a failing server or connection, not of the statement: connection
+# exceptions (08), operator intervention (57P: admin or crash shutdown, cannot connect now),
+# insufficient resources (53), and timeouts and aborts the server decided (a statement or lock
+# timeout, a deadlock, a serialization failure).
+_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "53")
+_OUTAGE_SQLSTATES = frozenset({"57014", "55P03", "40001", "40P01"})
+
+
+def is_outage(exc: psycopg.Error) -> bool:
+    """Whether a psycopg error is the server or the connection failing, not the SQL.
+
+    An error with no SQLSTATE is the client's: a connection closed or lost, a pool timeout.
+    """
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith(_OUTAGE_SQLSTATE_PREFIXES) or state in _OUTAGE_SQLSTATES
+
+
+def connection_broke(exc: psycopg.Error) -> bool:
+    """Whether the connection itself failed (reset, closed, terminated), not the statement or
+    the pool (a pool timeout is not retried on a new connection: the server is saturated)."""
+    if isinstance(exc, PoolTimeout) or not isinstance(exc, psycopg.OperationalError):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
+
+
+def step_error(exc: psycopg.Error) -> StepSQLError | StoreUnavailableError:
+    """The jobguard error for a failed statement of a db_step: an outage of the store, or the
+    step's SQL failing (a constraint, a syntax error)."""
+    if is_outage(exc):
+        return StoreUnavailableError(f"the step's connection to PostgreSQL failed: {exc}")
+    return StepSQLError(f"SQL of the step failed: {exc}")
+
+
+def leading_words(query: str, count: int = 2) -> list[str]:
+    """The first ``count`` words of a statement, lower-cased, after what the server skips
+    before it: white space, empty statements (``;``), ``--`` and nested ``/* */`` comments."""
+    words: list[str] = []
+    i, n = 0, len(query)
+    while i < n and len(words) < count:
+        if query[i].isspace() or query[i] == ";":
+            i += 1
+        elif query.startswith("--", i):
+            end = query.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif query.startswith("/*", i):
+            depth = 0
+            while i < n:
+                if query.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif query.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                    if depth == 0:
+                        break
+                else:
+                    i += 1
+        else:
+            word = _WORD.match(query, i)
+            if word is None:
+                break
+            words.append(word.group(0).lower())
+            i = word.end()
+    return words
+
+
+def ends_transaction(query: str) -> bool:
+    """Whether one statement would end the transaction it runs in (or split it)."""
+    words = leading_words(query)
+    return bool(words) and (words[0] in _ENDS_TRANSACTION or words == ["prepare", "transaction"])
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
-    Placeholders are psycopg's (``%s`` or ``%(name)s``); rows come back as tuples. Statements
-    that would end the transaction are refused, and errors are raised as
-    :class:`~jobguard.exceptions.StepSQLError`.
+    Placeholders are psycopg's (``%s`` or ``%(name)s``); rows come back as tuples. The step's
+    transaction cannot be ended from here, whatever the text: each call runs one statement (in
+    pipeline mode the server refuses a text of several), one that would end the transaction is
+    refused before it is sent, and a transaction found ended after a statement fails the step.
+    Errors are raised as :class:`~jobguard.exceptions.StepSQLError`, or as
+    :class:`~jobguard.exceptions.StoreUnavailableError` when the connection or server failed.
     """
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
+        self._ended = False
 
-    def execute(self, query: str, parameters: Any = None) -> psycopg.Cursor[Any]:
-        """Run one statement in the step's transaction."""
-        if _TRANSACTION_CONTROL.match(query):
+    def _check(self, query: Any) -> None:
+        if self._ended:
+            raise StepSQLError("the step's transaction ended; no statement can run in it")
+        if not isinstance(query, str | bytes | sql.Composable):
+            raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
+        text = query.as_string(self._conn) if isinstance(query, sql.Composable) else query
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if ends_transaction(text):
             raise StepSQLError(
                 "a db_step function may not begin, commit or roll back: its rows commit "
                 "together with the step record"
             )
+
+    def _after(self) -> None:
+        if self._conn.info.transaction_status != TransactionStatus.INTRANS:
+            self._ended = True
+            raise StepSQLError(
+                "the step's transaction ended inside the db_step function; nothing of it is "
+                "kept with the step record"
+            )
+
+    def execute(self, query: str, parameters: Any = None) -> psycopg.Cursor[Any]:
+        """Run one statement in the step's transaction."""
+        self._check(query)
+        cursor = self._conn.cursor(row_factory=tuple_row)
         try:
-            return self._conn.cursor(row_factory=tuple_row).execute(query, parameters)
+            with self._conn.pipeline():  # the extended protocol: one statement per text
+                cursor.execute(query, parameters)
         except psycopg.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
+        self._after()
+        return cursor
 
     def executemany(self, query: str, params_seq: Any) -> psycopg.Cursor[Any]:
         """Run one statement for each parameter set, in the step's transaction."""
-        if _TRANSACTION_CONTROL.match(query):
-            raise StepSQLError("a db_step function may not begin, commit or roll back")
+        self._check(query)
         cursor = self._conn.cursor(row_factory=tuple_row)
         try:
-            cursor.executemany(query, params_seq)
+            with self._conn.pipeline():
+                cursor.executemany(query, params_seq)
         except psycopg.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
+        self._after()
         return cursor
 
 
@@ -182,7 +304,7 @@ class PostgresDriver:
         self.url = parsed.display
         self._redact = parsed.redact
         self.schema = parsed.schema
-        self._conninfo = parsed.conninfo
+        self._conninfo = with_connection_defaults(parsed.conninfo)
         self._queries = render_queries(self.schema)
         self._clock = clock
         self._server_clock = ServerClock()
@@ -202,9 +324,7 @@ class PostgresDriver:
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
         """A new autocommit connection of this store's database (closed by the caller)."""
         try:
-            return psycopg.connect(
-                self._conninfo, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, **options
-            )
+            return psycopg.connect(self._conninfo, autocommit=True, **options)
         except psycopg.Error as exc:
             raise StoreUnavailableError(
                 f"cannot connect to PostgreSQL at {self.url}: {self._redact(str(exc).strip())}"
@@ -222,7 +342,6 @@ class PostgresDriver:
                         max_size=self._pool_size,
                         kwargs={
                             "autocommit": True,
-                            "connect_timeout": _CONNECT_TIMEOUT_S,
                             # Shown in pg_stat_activity: which worker process holds what.
                             "application_name": f"jobguard:{pid}",
                         },
@@ -241,11 +360,17 @@ class PostgresDriver:
         return PostgresTx(conn, self._queries, self._clock, self._server_clock)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
-        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock)."""
+        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock), and once
+        on a new connection if its connection broke before the commit was sent (a reset): then
+        nothing of it committed, so it is run again instead of left to a lease."""
+        fresh = False
         for attempt in range(_RETRIES):
+            committing = False
             try:
-                with self._pool_of_this_process().connection() as conn, conn.transaction():
-                    return fn(self._tx(conn))
+                with self._writing(fresh=fresh) as conn, conn.transaction():
+                    result = fn(self._tx(conn))
+                    committing = True  # from here an error may come after the commit landed
+                return result
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
             except _RETRYABLE as exc:
@@ -253,8 +378,27 @@ class PostgresDriver:
                     raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
                 time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
             except psycopg.Error as exc:  # the pool's own errors (a timeout) included
+                if not fresh and not committing and connection_broke(exc):
+                    fresh = True
+                    continue
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection, or (``fresh``) a new one of its own, closed after the write."""
+        if not fresh:
+            with self._pool_of_this_process().connection() as conn:
+                yield conn
+            return
+        try:
+            conn = psycopg.connect(
+                self._conninfo, autocommit=True, application_name=f"jobguard:{os.getpid()}"
+            )
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
+        with conn:
+            yield conn
 
     def read(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` on a pooled connection (each statement sees committed data)."""

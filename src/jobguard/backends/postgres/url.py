@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from jobguard.exceptions import ConfigurationError
 
@@ -63,7 +63,8 @@ def parse_postgres_url(url: str, schema: str | None = None) -> PostgresURL:
             chosen = value if chosen is None else chosen
         else:
             options.append((key, value))
-    conninfo = urlunsplit(parts._replace(query=urlencode(options)))
+    # libpq reads %20 as a space but not "+": quote, never quote_plus
+    conninfo = urlunsplit(parts._replace(query=urlencode(options, quote_via=quote)))
     netloc = parts.netloc
     password = parts.password
     if password is not None:

@@ -351,6 +351,36 @@ class GroupCommitter:
             request.error = error
 
 
+# Primary result codes of the database file or its host failing, not of the SQL: busy or locked
+# past the timeout, out of memory, interrupted, I/O error, corrupt, disk full, cannot open,
+# lock protocol error, read-only.
+_OUTAGE_CODES = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_INTERRUPT,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_READONLY,
+    }
+)
+
+
+def is_outage(exc: sqlite3.Error) -> bool:
+    """Whether a sqlite3 error is the store's file or host failing, not the SQL.
+
+    A closed connection (``ProgrammingError`` without a code) is the store's too.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return "closed" in str(exc)
+    return code & 0xFF in _OUTAGE_CODES
+
+
 def _wrap(exc: BaseException) -> StoreUnavailableError:
     text = str(exc)
     if "readonly" in text or "read-only" in text:

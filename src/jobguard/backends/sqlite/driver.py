@@ -26,6 +26,7 @@ from jobguard.backends.sqlite.connection import (
     SQLiteOptions,
     conn_path,
     file_uri,
+    is_outage,
     migrate,
     open_connection,
 )
@@ -105,6 +106,14 @@ def _deny_ending_the_transaction(action: int, *_: str | None) -> int:
     return sqlite3.SQLITE_OK
 
 
+def step_error(exc: sqlite3.Error) -> StepSQLError | StoreUnavailableError:
+    """The jobguard error for a failed statement of a db_step: an outage of the store (its file
+    or host failing), or the step's SQL failing (a constraint, a syntax error)."""
+    if is_outage(exc):
+        return StoreUnavailableError(f"the step's SQLite database failed: {exc}")
+    return StepSQLError(f"SQL of the step failed: {exc}")
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -121,14 +130,14 @@ class StepConnection:
         try:
             return self._conn.execute(sql, parameters)
         except sqlite3.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
 
     def executemany(self, sql: str, seq_of_parameters: Any) -> sqlite3.Cursor:
         """Run one statement for each parameter set, in the step's transaction."""
         try:
             return self._conn.executemany(sql, seq_of_parameters)
         except sqlite3.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
 
 
 class SQLiteDriver:
