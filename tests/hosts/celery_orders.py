@@ -1,0 +1,37 @@
+"""A Celery application as a careful user configures it, with the order task plain and guarded.
+
+Workers start with ``celery -A tests.hosts.celery_orders worker``; the test sets the broker,
+the store and the event log in the environment (:func:`tests.hosts.workload.worker_env`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from tests.hosts import workload
+
+VISIBILITY_TIMEOUT_S = 2
+
+celery_app = Celery("orders", broker=os.environ["HOSTQ_BROKER"])
+celery_app.conf.update(
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    task_default_queue="orders",
+    task_ignore_result=True,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY_TIMEOUT_S,
+        # Look for messages left unacked every second, as a user wanting fast recovery would.
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
+)
+
+
+@celery_app.task(name="orders.fulfil_plain")
+def fulfil_plain(order_id: int) -> None:
+    """The task as it is today."""
+    workload.fulfil_plain(order_id)

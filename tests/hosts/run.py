@@ -1,0 +1,150 @@
+"""One run of the order workload on a host queue: real worker processes, a producer, SIGKILLs.
+
+The host is described by a :class:`Host` (how to start its worker, how to send an order, whether
+its broker still holds work); the run is the same for every host:
+
+1. the business tables are created beside the store;
+2. ``workers`` worker processes start (each its own process group);
+3. the producer sends each order 1-3 times (the plan's shuffled sends), as a webhook would;
+4. meanwhile ``kills`` times, a process running a handler (read from the event log) is SIGKILLed;
+5. the run waits until ``done()`` holds (all kills made), then stops the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.hosts import workload
+from tests.support.procs import REPO_ROOT
+
+
+@dataclass
+class Host:
+    """What differs between hosts."""
+
+    name: str
+    worker_command: list[str]
+    ready_marker: str  # a line the worker prints once it consumes
+    send: Callable[[int], None]
+    drained: Callable[[], bool]
+
+
+@dataclass
+class Outcome:
+    """What the run saw."""
+
+    kills: int
+    duplicated: set[int]
+    overlapping: set[int]
+    finished: bool
+    seconds: float
+
+
+def _start(host: Host, env: dict[str, str], output: Path) -> subprocess.Popen[bytes]:
+    with output.open("ab") as out:
+        return subprocess.Popen(
+            host.worker_command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _wait_ready(host: Host, workers: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+    deadline = time.monotonic() + 60
+    for popen, output in workers:
+        while host.ready_marker not in output.read_text(errors="replace"):
+            if popen.poll() is not None:
+                raise RuntimeError(f"{host.name} worker exited: {output.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{host.name} worker not ready: {output.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+
+def _stop(workers: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+    for popen, _ in workers:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+    for popen, _ in workers:
+        popen.wait(timeout=30)
+
+
+def log_kill(log: Path, victim: int) -> None:
+    """Record a SIGKILL in the event log (the run of ``victim`` ends there)."""
+    line = json.dumps({"kind": "kill", "victim": victim, "pid": os.getpid(), "t": time.time()})
+    with log.open("a", encoding="utf-8") as out:
+        out.write(line + "\n")
+
+
+def _killer(log: Path, kills: int, stop: threading.Event, rng: random.Random) -> None:
+    """SIGKILL a process in the middle of a handler, ``kills`` times, a little apart."""
+    done = 0
+    while done < kills and not stop.wait(0.3 + rng.random() * 0.7):
+        running = workload.running_pids(log)
+        if not running:
+            continue
+        victim = rng.choice(running)
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        log_kill(log, victim)
+        done += 1
+
+
+def run(
+    host: Host,
+    *,
+    store_url: str,
+    tmp: Path,
+    env: dict[str, str],
+    plan: workload.Plan,
+    workers: int,
+    kills: int,
+    done: Callable[[], bool],
+    timeout_s: float,
+) -> Outcome:
+    """Run the workload (see the module docstring) and judge it."""
+    log = Path(env["HOSTQ_LOG"])
+    started = time.monotonic()
+    procs = []
+    for index in range(workers):
+        output = tmp / f"{host.name}-worker-{index}.out"
+        procs.append((_start(host, env, output), output))
+    stop = threading.Event()
+    try:
+        _wait_ready(host, procs)
+        rng = random.Random(plan.seed)
+        killer = threading.Thread(target=_killer, args=(log, kills, stop, rng), daemon=True)
+        killer.start()
+        for order in plan.sends:
+            host.send(order)
+            time.sleep(rng.random() * 0.02)
+        deadline = time.monotonic() + timeout_s
+        finished = False
+        while time.monotonic() < deadline:
+            if not killer.is_alive() and done():
+                finished = True
+                break
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        _stop(procs)
+    return Outcome(
+        kills=workload.killed(log),
+        duplicated=workload.duplicated_orders(store_url),
+        overlapping=workload.overlapping_orders(log),
+        finished=finished,
+        seconds=time.monotonic() - started,
+    )
