@@ -104,6 +104,10 @@ class DeadLetterQueue:
         """
         job_id = checks.job_id(job_id)
         job = self._app.backend.replay(job_id)
+        resend = self._app.host_replays.get(job.task)
+        if resend is not None:
+            # A guarded task of another queue: its host delivers it, so send it there again.
+            resend(job)
         if actor is not None:
             self._app.backend.record_audit(actor, "replay", f"job {job_id}", job.task)
         return job
@@ -162,6 +166,8 @@ class App:
         self.hooks = hooks or Hooks()
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
+        # Guarded tasks of host queues (jobguard.hosts): how a replayed job is sent again.
+        self.host_replays: dict[str, Callable[[Job], None]] = {}
         self.dlq = DeadLetterQueue(self)
 
     @property

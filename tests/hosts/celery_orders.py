@@ -7,9 +7,12 @@ the store and the event log in the environment (:func:`tests.hosts.workload.work
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
 
+import jobguard
+from jobguard.hosts.celery import CeleryGuard
 from tests.hosts import workload
 
 VISIBILITY_TIMEOUT_S = 2
@@ -35,3 +38,21 @@ celery_app.conf.update(
 def fulfil_plain(order_id: int) -> None:
     """The task as it is today."""
     workload.fulfil_plain(order_id)
+
+
+store = jobguard.App(os.environ["HOSTQ_STORE"])
+guard = CeleryGuard(celery_app, store)
+
+
+@guard.task(
+    name="orders.fulfil",
+    operation_key="fulfil-order:{order_id}",
+    resource_key="order:{order_id}",
+    # Short leases and locks so that a SIGKILLed delivery is taken over within the test.
+    visibility_timeout_s=3,
+    lock_ttl_s=3,
+    max_attempts=8,
+)
+def fulfil(ctx: Any, order_id: int) -> None:
+    """The same task, guarded."""
+    workload.fulfil_guarded(ctx, order_id)

@@ -78,7 +78,7 @@ def create_tables(store_url: str) -> None:
 
 
 def _placeholder(conn: Any) -> str:
-    return "?" if conn.__class__.__module__.startswith("sqlite3") else "%s"
+    return "?" if stores.kind_of(os.environ["HOSTQ_STORE"]) == "sqlite" else "%s"
 
 
 def cut_stock(conn: Any, order_id: int) -> int:
@@ -206,3 +206,33 @@ def duplicated_orders(store_url: str) -> set[int]:
 def killed(log: Path) -> int:
     """How many SIGKILLs the test sent."""
     return sum(1 for event in events(log) if event["kind"] == "kill")
+
+
+def settled_orders(store_url: str, task: str) -> dict[int, set[str]]:
+    """Per order, the states of its shadow jobs in the store."""
+    found = stores.query(
+        store_url,
+        f"SELECT operation_key, status FROM {stores.table(store_url, 'jobs')} WHERE task = ?",
+        (task,),
+    )
+    states: dict[int, set[str]] = {}
+    for key, status in found:
+        states.setdefault(int(key.rsplit(":", 1)[1]), set()).add(status)
+    return states
+
+
+def every_order_settled(store_url: str, task: str, orders: int) -> bool:
+    """Every order has a completed or dead shadow job, and none is queued or running."""
+    states = settled_orders(store_url, task)
+    return len(states) == orders and all(
+        s & {"completed", "dead"} and not s & {"queued", "running"} for s in states.values()
+    )
+
+
+def dead_orders(store_url: str, task: str) -> set[int]:
+    """Orders whose shadow job is in the dead letter queue (and none completed)."""
+    return {
+        order
+        for order, states in settled_orders(store_url, task).items()
+        if "dead" in states and "completed" not in states
+    }

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from jobguard.core.hosts import Admit
 from jobguard.exceptions import JobGuardError
 from jobguard.models import (
     Attempt,
@@ -129,6 +130,20 @@ class Prepared:
     begun: Begun | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class HostAdmission:
+    """What :meth:`QueuePort.admit_host_delivery` did with one delivery of a host queue.
+
+    ``delivery`` is set when the shadow job was leased to it (``admit`` INSERT or LEASE);
+    ``wait_s`` says how long until the host should deliver again (HELD, EARLY).
+    """
+
+    admit: Admit
+    job_id: int | None = None
+    delivery: Delivery | None = None
+    wait_s: float = 0.0
+
+
 class QueuePort(Protocol):
     """Jobs, leases and the dead letter queue (G1, G2, G6, G8)."""
 
@@ -166,6 +181,19 @@ class QueuePort(Protocol):
         item whose begin could not be stored comes back with ``begun`` ``None`` and begins on
         its own later; ``busy`` results are kept (the lock or claim belongs to another live
         delivery).
+        """
+
+    def admit_host_delivery(
+        self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
+    ) -> HostAdmission:
+        """Admit one delivery of a host queue's task against its shadow job (``jobguard.hosts``).
+
+        The shadow job is the newest job holding ``spec.dedup_key``. Atomic: one transaction,
+        and admissions of one key take turns. As :func:`jobguard.core.hosts.admission` decides:
+        a new job is stored from ``spec`` and leased, or the waiting job is leased (an expired
+        lease's attempt closed as lost first; a job whose attempts are spent is buried as
+        :attr:`DeadCode.LOST` instead), each lease with an attempt row that records
+        ``host_delivery`` (the host's own id of the delivery); or nothing is written.
         """
 
     def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:

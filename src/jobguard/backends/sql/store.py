@@ -22,6 +22,7 @@ from jobguard.backends.base import (
     DeliveryRules,
     ErrorInfo,
     FinishRequest,
+    HostAdmission,
     Prepared,
     Renewal,
     RenewalResult,
@@ -29,6 +30,7 @@ from jobguard.backends.base import (
 from jobguard.backends.sql import rows
 from jobguard.backends.sql.driver import Driver, Row, Tx, UserCodeError
 from jobguard.core import messages
+from jobguard.core.hosts import Admit, Found, admission
 from jobguard.exceptions import (
     ConfigurationError,
     DuplicateJobError,
@@ -175,6 +177,10 @@ class SQLStore:
             if existing is not None:
                 tx.run("count_dedup_hit", {"id": existing["id"]})
                 return rows.job(existing, deduplicated=True)
+        return rows.job(SQLStore._insert_row(tx, spec, now))
+
+    @staticmethod
+    def _insert_row(tx: Tx, spec: JobSpec, now: float) -> Row:
         row = tx.one(
             "insert_job",
             {
@@ -195,7 +201,7 @@ class SQLStore:
             },
         )
         assert row is not None  # INSERT ... RETURNING
-        return rows.job(row)
+        return row
 
     def enqueue(self, spec: JobSpec, *, connection: Any = None) -> Job:
         """Store a job or return the live holder of its dedup key (one transaction)."""
@@ -216,6 +222,34 @@ class SQLStore:
         if added:
             self.driver.jobs_added(added)
         return jobs
+
+    def admit_host_delivery(
+        self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
+    ) -> HostAdmission:
+        """Admit a host queue's delivery against its shadow job; see :class:`QueuePort`."""
+        if spec.dedup_key is None:
+            raise ConfigurationError("a host delivery is admitted by its shadow job's key")
+        task_rules = {spec.task: rules}
+
+        def op(tx: Tx) -> HostAdmission:
+            now = tx.now()
+            tx.run("lock_dedup_key", {"dedup_key": spec.dedup_key})
+            row = tx.one("host_job", {"dedup_key": spec.dedup_key})
+            found = None if row is None else Found(JobStatus(row["status"]), row["available_at"])
+            decided = admission(found, now)
+            if decided.admit in (Admit.HELD, Admit.EARLY, Admit.DEAD):
+                assert row is not None
+                return HostAdmission(decided.admit, row["id"], wait_s=decided.wait_s)
+            if decided.admit == Admit.INSERT:
+                row = self._insert_row(tx, spec, now)
+            assert row is not None
+            if self._close_expired(tx, [row], task_rules, now):
+                return HostAdmission(Admit.DEAD, row["id"])
+            delivery = self._lease(tx, [row], task_rules, worker_id, now)[0]
+            tx.run("attempt_host_delivery", {"id": delivery.attempt_id, "host": host_delivery})
+            return HostAdmission(decided.admit, row["id"], delivery)
+
+        return self.driver.write(op)
 
     def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
         """Block until an enqueue may have added work, or ``timeout_s`` passed."""
