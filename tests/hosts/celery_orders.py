@@ -44,15 +44,7 @@ store = jobguard.App(os.environ["HOSTQ_STORE"])
 guard = CeleryGuard(celery_app, store)
 
 
-@guard.task(
-    name="orders.fulfil",
-    operation_key="fulfil-order:{order_id}",
-    resource_key="order:{order_id}",
-    # Short leases and locks so that a SIGKILLed delivery is taken over within the test.
-    visibility_timeout_s=3,
-    lock_ttl_s=3,
-    max_attempts=8,
-)
+@guard.task(**workload.GUARDED)
 def fulfil(ctx: Any, order_id: int) -> None:
     """The same task, guarded."""
     workload.fulfil_guarded(ctx, order_id)

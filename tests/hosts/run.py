@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.hosts import workload
 from tests.support.procs import REPO_ROOT
@@ -148,3 +149,52 @@ def run(
         finished=finished,
         seconds=time.monotonic() - started,
     )
+
+
+def run_orders(
+    make_host: Callable[[str, bool], Host],
+    *,
+    store_url: str,
+    broker_url: str,
+    tmp: Path,
+    monkeypatch: Any,
+    plan: workload.Plan,
+    kills: int,
+    guarded: bool,
+) -> Outcome:
+    """The workload of ``plan`` on 2 workers with ``kills`` SIGKILLs, until it settled: plain,
+    until every order's stock was cut (the plain hosts' redeliveries of slow tasks may keep
+    coming long after); guarded, until every order's job is completed or dead and the broker
+    holds nothing."""
+    env = workload.worker_env(store_url, tmp / "events.log", broker_url, plan.slow_every)
+    for name in ("HOSTQ_STORE", "HOSTQ_LOG", "HOSTQ_BROKER", "HOSTQ_SLOW_EVERY"):
+        monkeypatch.setenv(name, env[name])  # the producer imports the same module
+    workload.create_tables(store_url)
+    host = make_host(broker_url, guarded)
+
+    def settled() -> bool:
+        if not guarded:
+            return len(workload.effect_counts(store_url, workload.CUTS)) == plan.orders
+        return workload.every_order_settled(store_url, workload.TASK, plan.orders) and (
+            host.drained()
+        )
+
+    outcome = run(
+        host, store_url=store_url, tmp=tmp, env=env, plan=plan, workers=2, kills=kills,
+        done=settled, timeout_s=120,
+    )  # fmt: skip
+    print(outcome)
+    assert outcome.finished
+    assert outcome.kills == kills
+    return outcome
+
+
+def assert_guarded(outcome: Outcome, store_url: str, plan: workload.Plan) -> None:
+    """Acceptance 1 of a guarded run: no duplicate, no overlap, every order completed.
+
+    Each kill costs an order one attempt, far from its max_attempts, so none is dead.
+    """
+    assert outcome.duplicated == set()
+    assert outcome.overlapping == set()
+    assert workload.dead_orders(store_url, workload.TASK) == set()
+    assert len(workload.effect_counts(store_url, workload.INVOICES)) == plan.orders

@@ -27,6 +27,18 @@ from tests.support import stores
 SLOW_S = 5.0  # longer than the hosts' visibility timeout in these tests
 QUICK_S = 0.05
 
+TASK = "orders.fulfil"
+# The guard's options of the order task on every host. Short leases and locks, so that a
+# SIGKILLed delivery is taken over within the test; kills cost an attempt each.
+GUARDED: dict[str, Any] = {
+    "name": TASK,
+    "operation_key": "fulfil-order:{order_id}",
+    "resource_key": "order:{order_id}",
+    "visibility_timeout_s": 3,
+    "lock_ttl_s": 3,
+    "max_attempts": 8,
+}
+
 CUTS = "stock_cuts"
 INVOICES = "invoices"
 
