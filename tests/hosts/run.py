@@ -81,6 +81,16 @@ def _stop(workers: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
         popen.wait(timeout=30)
 
 
+def _restart_exited(
+    host: Host, env: dict[str, str], procs: list[tuple[subprocess.Popen[bytes], Path]]
+) -> None:
+    """Start a worker again whose whole process exited (Dramatiq stops when one of its
+    processes is killed), as a process supervisor would."""
+    for index, (popen, output) in enumerate(procs):
+        if popen.poll() is not None:
+            procs[index] = (_start(host, env, output), output)
+
+
 def log_kill(log: Path, victim: int) -> None:
     """Record a SIGKILL in the event log (the run of ``victim`` ends there)."""
     line = json.dumps({"kind": "kill", "victim": victim, "pid": os.getpid(), "t": time.time()})
@@ -138,6 +148,7 @@ def run(
             if not killer.is_alive() and done():
                 finished = True
                 break
+            _restart_exited(host, env, procs)
             time.sleep(0.25)
     finally:
         stop.set()
