@@ -73,6 +73,21 @@ def _wait_ready(host: Host, workers: list[tuple[subprocess.Popen[bytes], Path]])
             time.sleep(0.1)
 
 
+Worker = tuple[subprocess.Popen[bytes], Path]
+
+
+def start_worker(host: Host, env: dict[str, str], output: Path) -> Worker:
+    """One worker process of ``host``, started and ready to consume."""
+    worker = (_start(host, env, output), output)
+    _wait_ready(host, [worker])
+    return worker
+
+
+def stop_workers(workers: list[Worker]) -> None:
+    """SIGKILL every worker's process group and reap them."""
+    _stop(workers)
+
+
 def _stop(workers: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
     for popen, _ in workers:
         if popen.poll() is None:

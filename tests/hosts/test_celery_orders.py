@@ -5,37 +5,18 @@ orders in overlapping executions; guarded, never, and every order completes."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.hosts import workload
-from tests.hosts.run import Host, assert_guarded, run_orders
+from tests.hosts.hosts import celery_host
+from tests.hosts.run import assert_guarded, run_orders
 
 pytestmark = pytest.mark.chaos
 
 PLAN = workload.Plan.make(orders=20, slow_every=5)
 KILLS = 3
-
-
-def celery_host(broker_url: str, guarded: bool) -> Host:
-    """Two prefork workers of ``tests.hosts.celery_orders`` (one process each runs tasks)."""
-    from tests.hosts import celery_orders
-
-    client = redis.Redis.from_url(broker_url)
-    task = celery_orders.fulfil if guarded else celery_orders.fulfil_plain
-
-    def drained() -> bool:
-        return client.llen("orders") == 0 and client.hlen("unacked") == 0
-
-    command = [
-        *(sys.executable, "-m", "celery", "-A", "tests.hosts.celery_orders", "worker"),
-        *("--pool=prefork", "--concurrency=1", "--without-gossip", "--without-mingle"),
-        *("--without-heartbeat", "--loglevel=INFO", "-Q", "orders"),
-    ]
-    return Host("celery", command, "ready.", task.delay, drained)
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

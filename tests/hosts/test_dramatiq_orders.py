@@ -5,38 +5,18 @@ completes."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.hosts import workload
-from tests.hosts.run import Host, assert_guarded, run_orders
+from tests.hosts.hosts import dramatiq_host
+from tests.hosts.run import assert_guarded, run_orders
 
 pytestmark = pytest.mark.chaos
 
 PLAN = workload.Plan.make(orders=20, slow_every=5)
 KILLS = 3
-
-
-def dramatiq_host(broker_url: str, guarded: bool) -> Host:
-    """Two Dramatiq workers of one process and one thread each."""
-    from tests.hosts import dramatiq_orders
-
-    client = redis.Redis.from_url(broker_url)
-    actor = dramatiq_orders.fulfil if guarded else dramatiq_orders.fulfil_plain
-
-    def drained() -> bool:
-        # A message's body stays in its queue's .msgs hash until it is acked (delayed ones in
-        # the delay queue's): nothing there, nothing pending.
-        return client.hlen("dramatiq:orders.msgs") + client.hlen("dramatiq:orders.DQ.msgs") == 0
-
-    command = [
-        *(sys.executable, "-m", "dramatiq", "tests.hosts.dramatiq_orders"),
-        *("--processes", "1", "--threads", "1", "--queues", "orders"),
-    ]
-    return Host("dramatiq", command, "is ready for action", actor.send, drained)
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
