@@ -27,9 +27,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from celery import Celery
-from celery import Task as CeleryTask
-from celery.exceptions import Reject
+try:
+    from celery import Celery
+    from celery import Task as CeleryTask
+    from celery.exceptions import Reject
+except ImportError as exc:  # the host is an optional extra
+    raise ImportError(
+        f"jobguard.hosts.celery needs Celery: pip install 'jobguard[celery]' ({exc})"
+    ) from exc
 
 from jobguard.app import App
 from jobguard.exceptions import ConfigurationError

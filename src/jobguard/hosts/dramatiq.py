@@ -27,8 +27,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import dramatiq
-from dramatiq.middleware import CurrentMessage, Retries
+try:
+    import dramatiq
+    from dramatiq.middleware import CurrentMessage, Retries
+except ImportError as exc:  # the host is an optional extra
+    raise ImportError(
+        f"jobguard.hosts.dramatiq needs Dramatiq: pip install 'jobguard[dramatiq]' ({exc})"
+    ) from exc
 
 from jobguard.app import App
 from jobguard.exceptions import ConfigurationError

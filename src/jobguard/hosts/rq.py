@@ -27,7 +27,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from rq import Queue, Retry, get_current_job
+try:
+    from rq import Queue, Retry, get_current_job
+except ImportError as exc:  # the host is an optional extra
+    raise ImportError(f"jobguard.hosts.rq needs RQ: pip install 'jobguard[rq]' ({exc})") from exc
 
 from jobguard.app import App
 from jobguard.exceptions import ConfigurationError
