@@ -48,3 +48,9 @@ guard = CeleryGuard(celery_app, store)
 def fulfil(ctx: Any, order_id: int) -> None:
     """The same task, guarded."""
     workload.fulfil_guarded(ctx, order_id)
+
+
+@guard.task(**workload.GUARDED_FRAGILE)
+def fragile(ctx: Any, order_id: int) -> None:
+    """A guarded task that fails fatally until the warehouse is fixed."""
+    workload.fulfil_fragile(ctx, order_id)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import redis
 from rq import Retry
@@ -11,9 +13,19 @@ from rq import Retry
 from tests.hosts.run import Host
 
 
+def fresh(name: str) -> ModuleType:
+    """The tasks module ``name`` made again from this test's environment (broker, store)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return importlib.import_module(name)
+    module.guard.close()
+    module.store.close()
+    return importlib.reload(module)
+
+
 def celery_host(broker_url: str, guarded: bool) -> Host:
     """Two prefork workers of ``tests.hosts.celery_orders`` (one process each runs tasks)."""
-    from tests.hosts import celery_orders
+    celery_orders = fresh("tests.hosts.celery_orders")
 
     client = redis.Redis.from_url(broker_url)
     task = celery_orders.fulfil if guarded else celery_orders.fulfil_plain
@@ -26,12 +38,16 @@ def celery_host(broker_url: str, guarded: bool) -> Host:
         *("--pool=prefork", "--concurrency=1", "--without-gossip", "--without-mingle"),
         *("--without-heartbeat", "--loglevel=INFO", "-Q", "orders"),
     ]
-    return Host("celery", command, "ready.", task.delay, drained)
+    return Host(
+        "celery", command, "ready.", task.delay, drained,
+        send_fragile=celery_orders.fragile.delay,
+        queued=lambda: client.llen("orders"),
+    )  # fmt: skip
 
 
 def rq_host(broker_url: str, guarded: bool) -> Host:
     """Two forking RQ workers with their schedulers (a retry with an interval needs one)."""
-    from tests.hosts import rq_orders
+    rq_orders = fresh("tests.hosts.rq_orders")
 
     client = redis.Redis.from_url(broker_url)
 
@@ -51,12 +67,16 @@ def rq_host(broker_url: str, guarded: bool) -> Host:
 
     rq = str(Path(sys.executable).with_name("rq"))
     command = [rq, "worker", "--with-scheduler", "-u", broker_url, "orders"]
-    return Host("rq", command, "Listening on", send, drained)
+    return Host(
+        "rq", command, "Listening on", send, drained,
+        send_fragile=lambda order_id: rq_orders.fragile.enqueue(rq_orders.queue, order_id),
+        queued=lambda: client.llen("rq:queue:orders"),
+    )  # fmt: skip
 
 
 def dramatiq_host(broker_url: str, guarded: bool) -> Host:
     """Two Dramatiq workers of one process and one thread each."""
-    from tests.hosts import dramatiq_orders
+    dramatiq_orders = fresh("tests.hosts.dramatiq_orders")
 
     client = redis.Redis.from_url(broker_url)
     actor = dramatiq_orders.fulfil if guarded else dramatiq_orders.fulfil_plain
@@ -70,7 +90,11 @@ def dramatiq_host(broker_url: str, guarded: bool) -> Host:
         *(sys.executable, "-m", "dramatiq", "tests.hosts.dramatiq_orders"),
         *("--processes", "1", "--threads", "1", "--queues", "orders"),
     ]
-    return Host("dramatiq", command, "is ready for action", actor.send, drained)
+    return Host(
+        "dramatiq", command, "is ready for action", actor.send, drained,
+        send_fragile=dramatiq_orders.fragile.send,
+        queued=lambda: client.hlen("dramatiq:orders.msgs"),
+    )  # fmt: skip
 
 
 HOSTS = {"celery": celery_host, "rq": rq_host, "dramatiq": dramatiq_host}

@@ -30,3 +30,9 @@ def fulfil_plain(order_id: int) -> None:
 def fulfil(ctx: Any, order_id: int) -> None:
     """The same job, guarded."""
     workload.fulfil_guarded(ctx, order_id)
+
+
+@guard.job(**workload.GUARDED_FRAGILE)
+def fragile(ctx: Any, order_id: int) -> None:
+    """A guarded task that fails fatally until the warehouse is fixed."""
+    workload.fulfil_fragile(ctx, order_id)

@@ -35,8 +35,10 @@ class Host:
     name: str
     worker_command: list[str]
     ready_marker: str  # a line the worker prints once it consumes
-    send: Callable[[int], None]
+    send: Callable[[int], Any]
     drained: Callable[[], bool]
+    send_fragile: Callable[[int], Any]  # the deduplicated task that fails until fixed
+    queued: Callable[[], int]  # messages waiting in the broker's queue
 
 
 @dataclass

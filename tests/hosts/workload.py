@@ -39,6 +39,16 @@ GUARDED: dict[str, Any] = {
     "max_attempts": 8,
 }
 
+FRAGILE = "orders.fragile"
+# A task that fails fatally until the warehouse is fixed (a marker file beside the event log),
+# deduplicated at the producer.
+GUARDED_FRAGILE: dict[str, Any] = {
+    "name": FRAGILE,
+    "operation_key": "fragile-order:{order_id}",
+    "dedup": True,
+    "visibility_timeout_s": 3,
+}
+
 CUTS = "stock_cuts"
 INVOICES = "invoices"
 
@@ -153,6 +163,21 @@ def fulfil_guarded(ctx: Any, order_id: int) -> None:
         ctx.db_step("cut-stock", cut_stock, order_id)
         time.sleep(work_s(order_id))
         ctx.db_step("invoice", write_invoice, order_id)
+
+
+def warehouse_fixed() -> Path:
+    """The marker that makes :func:`fulfil_fragile` succeed."""
+    return Path(os.environ["HOSTQ_LOG"] + ".fixed")
+
+
+def fulfil_fragile(ctx: Any, order_id: int) -> None:
+    """Cut stock, then fail for good until the warehouse is fixed."""
+    ctx.db_step("cut-stock", cut_stock, order_id)
+    if not warehouse_fixed().exists():
+        from jobguard import Fatal
+
+        raise Fatal("the warehouse refuses the order")
+    ctx.db_step("invoice", write_invoice, order_id)
 
 
 # -- judging a run ------------------------------------------------------------------------------

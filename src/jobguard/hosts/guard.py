@@ -159,6 +159,11 @@ class _Runtime:
         with self._lock:
             self._inflight.pop(inflight.delivery.lease_token, None)
 
+    def close(self) -> None:
+        self.heartbeat.stop()
+        self.heartbeat.join()
+        self.backend.close()
+
 
 class HostGuard:
     """What every host's guard shares: the store, the guarded tasks, this process's runtime.
@@ -252,6 +257,14 @@ class HostGuard:
                     self._runtime = _Runtime(self.host, self._url, self.store, self.tasks)
                     self._runtime_pid = pid
         return self._runtime
+
+    def close(self) -> None:
+        """Stop this process's heartbeat and close its connections (the guard reopens them if
+        used again)."""
+        with self._runtime_lock:
+            if self._runtime is not None and self._runtime_pid == os.getpid():
+                self._runtime.close()
+            self._runtime = None
 
     def reserve(self, name: str, arguments: Mapping[str, Any], *, host_id: str) -> Job:
         """Producer-side dedup: store the shadow job queued, or find the live one holding it.
