@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
-import redis
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
-# Databases 0..15 exist on a default server; these tests take turns on the upper ones, each
-# claimed with an expiring key in database 0 so parallel test sessions never share one.
-HOST_DBS = range(8, 16)
-CLAIM_S = 900
+from tests.support.redisdb import claimed_database
 
 
 @pytest.fixture
 def broker_url() -> Iterator[str]:
-    """``redis://.../N`` on a database no other running test uses, empty."""
-    admin = redis.Redis.from_url(f"{REDIS_URL}/0")
-    token = f"{os.getpid()}"
-    for db in HOST_DBS:
-        if admin.set(f"jobguard-test-db:{db}", token, nx=True, ex=CLAIM_S):
-            break
-    else:
-        pytest.fail("every Redis database for host tests is claimed by another test run")
-    url = f"{REDIS_URL}/{db}"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    try:
+    """A Redis database no other running test uses, empty (the hosts' broker)."""
+    with claimed_database() as url:
         yield url
-    finally:
-        client.flushdb()
-        client.close()
-        if admin.get(f"jobguard-test-db:{db}") == token.encode():
-            admin.delete(f"jobguard-test-db:{db}")
-        admin.close()
