@@ -41,7 +41,7 @@ def attempts_of(store_url: str, key: str) -> list[Attempt]:
 
 @pytest.mark.parametrize(
     ("host_name", "store_url"),
-    [("celery", "postgres"), ("celery", "sqlite"), ("rq", "sqlite"), ("dramatiq", "postgres")],
+    [("celery", "postgres"), ("rq", "sqlite"), ("dramatiq", "postgres")],
     indirect=["store_url"],
 )
 def test_task_whose_lock_owner_died_continues_from_its_last_step_after_the_lock_ttl(
