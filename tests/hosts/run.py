@@ -209,7 +209,7 @@ def run_orders(
 
     outcome = run(
         host, store_url=store_url, tmp=tmp, env=env, plan=plan, workers=2, kills=kills,
-        done=settled, timeout_s=120,
+        done=settled, timeout_s=120 + plan.orders,
     )  # fmt: skip
     print(outcome)
     assert outcome.finished

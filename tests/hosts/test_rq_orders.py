@@ -14,8 +14,7 @@ from tests.hosts.run import assert_guarded, run_orders
 
 pytestmark = pytest.mark.chaos
 
-PLAN = workload.Plan.make(orders=20, slow_every=10)
-KILLS = 3
+PLAN, KILLS = workload.size()
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

@@ -74,6 +74,15 @@ class Plan:
         return SLOW_S if order_id % self.slow_every == 0 else QUICK_S
 
 
+def size() -> tuple[Plan, int]:
+    """The suite's workload: 20 orders, two of them slow, and 3 SIGKILLs, so that every host's
+    runs stay short; ``TEST_HOST_ORDERS`` and ``TEST_HOST_KILLS`` ask for a larger one (the
+    issue's is 300 and 10), with one slow order in ten."""
+    orders = int(os.environ.get("TEST_HOST_ORDERS", "20"))
+    kills = int(os.environ.get("TEST_HOST_KILLS", "3"))
+    return Plan.make(orders=orders, slow_every=10), kills
+
+
 def worker_env(store_url: str, log: Path, broker_url: str, slow_every: int) -> dict[str, str]:
     """What a worker process of the run reads (see the module docstring)."""
     from tests.support.procs import clean_env

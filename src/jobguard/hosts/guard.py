@@ -300,11 +300,17 @@ class HostGuard:
         """Admit one host delivery and, if it got the lease, run it through the pipeline."""
         task = self.tasks[name]
         runtime = self.runtime()
+        store = self.store
         spec = self.spec(name, arguments)
         rules = DeliveryRules(task.visibility_timeout_s, task.policy.max_attempts)
-        admitted = runtime.backend.admit_host_delivery(
-            spec, runtime.worker_id, rules, f"{self.host}:{host_delivery}"
-        )
+        try:
+            admitted = runtime.backend.admit_host_delivery(
+                spec, runtime.worker_id, rules, f"{self.host}:{host_delivery}"
+            )
+        except JobGuardError as exc:
+            # The store is out of reach: the host keeps the message and delivers it again.
+            store.hooks.store_error("host admission", exc)
+            return self._hand_back(self.max_hand_back_s, f"store error: {exc}", None)
         if admitted.admit in (Admit.HELD, Admit.EARLY):
             return self._hand_back(admitted.wait_s, admitted.admit.value, admitted.job_id)
         if admitted.admit == Admit.DEAD:
