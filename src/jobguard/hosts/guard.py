@@ -32,7 +32,7 @@ from typing import Any
 
 from jobguard.app import App
 from jobguard.backends import open_backend
-from jobguard.backends.base import Backend, DeliveryRules
+from jobguard.backends.base import Backend
 from jobguard.context import InFlight
 from jobguard.core.hosts import Admit
 from jobguard.core.retry import RetryPolicy, deferral_delay_s
@@ -40,6 +40,7 @@ from jobguard.exceptions import ConfigurationError, JobGuardError, StoreUnavaila
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Job, JobSpec, Outcome
 from jobguard.pipeline import Pipeline, guard_of
+from jobguard.settler import Settler
 from jobguard.task import CallOptions, Task
 
 HOST_ID = "jobguard.host_id"  # the header of a reserved shadow job naming the host's message
@@ -134,6 +135,10 @@ def check_store(store: App) -> str:
     return url
 
 
+def _ignore(_: object) -> None:
+    """Nothing to count or free per delivery: the host keeps its own statistics."""
+
+
 class _Runtime:
     """This process's connections, pipeline and heartbeat (made after any fork, per pid)."""
 
@@ -141,6 +146,10 @@ class _Runtime:
         self.backend: Backend = open_backend(url)
         self.worker_id = f"{host}:{socket.gethostname()}:{os.getpid()}"
         self.pipeline = Pipeline(self.backend, tasks, self.worker_id, store.hooks)
+        # The worker's settler, used in the handler's thread: one ending per host delivery.
+        self.settler = Settler(
+            self.backend, self.pipeline, store.hooks, counted=_ignore, done=_ignore
+        )
         self._inflight: dict[str, InFlight] = {}
         self._lock = threading.Lock()
         self.heartbeat = Heartbeat(self.backend, self._snapshot, store.hooks)
@@ -302,7 +311,7 @@ class HostGuard:
         runtime = self.runtime()
         store = self.store
         spec = self.spec(name, arguments)
-        rules = DeliveryRules(task.visibility_timeout_s, task.policy.max_attempts)
+        rules = task.delivery_rules()
         try:
             admitted = runtime.backend.admit_host_delivery(
                 spec, runtime.worker_id, rules, f"{self.host}:{host_delivery}"
@@ -332,24 +341,24 @@ class HostGuard:
         return HostVerdict(Verdict.HAND_BACK, delay, reason, job_id)
 
     def _execute(self, runtime: _Runtime, inflight: InFlight) -> HostVerdict:
+        """The pipeline decides the ending, the settler writes it (as for jobguard's own
+        jobs); the final ending becomes the host's verdict."""
         job_id = inflight.delivery.job_id
-        try:
-            settled = runtime.pipeline.run(inflight)
-            if settled.ack is not None:
-                settled = runtime.pipeline.complete([(inflight, settled)])[0]
-        except JobGuardError as exc:
-            # The store failed: the lease expires and a later delivery takes the job over.
-            return self._hand_back(inflight.delivery.visibility_timeout_s, str(exc), job_id)
-        outcome = settled.outcome
+        ending = runtime.pipeline.run(inflight)
+        final = runtime.settler.settle([(inflight, ending)])[0]
+        outcome = final.outcome
         if outcome in (Outcome.COMPLETED, Outcome.ALREADY_PROCESSED, Outcome.LEASE_REFUSED):
             # A refused lease: another delivery holds the job now, and its message finishes it.
-            return HostVerdict(Verdict.ACK, reason=settled.reason or outcome.value, job_id=job_id)
+            return HostVerdict(Verdict.ACK, reason=final.reason or outcome.value, job_id=job_id)
         if outcome == Outcome.DEAD:
-            return HostVerdict(Verdict.DEAD, reason=settled.reason, job_id=job_id)
-        waits = max(0.0, runtime.backend.get_job(job_id).run_at - runtime.backend.now())
+            return HostVerdict(Verdict.DEAD, reason=final.reason, job_id=job_id)
         if outcome == Outcome.RETRY:
             # Never longer than the host allows; an early delivery is handed back till due.
-            return HostVerdict(
-                Verdict.RETRY, min(waits, self.max_hand_back_s), settled.reason, job_id
-            )
-        return self._hand_back(waits, settled.reason or outcome.value, job_id)
+            delay = min(final.delay_s, self.max_hand_back_s)
+            return HostVerdict(Verdict.RETRY, delay, final.reason, job_id)
+        if outcome == Outcome.LOST:
+            # Nothing was written (the store failed): the lease expires, then a delivery
+            # takes the job over.
+            return self._hand_back(inflight.delivery.visibility_timeout_s, final.reason, job_id)
+        # Deferred (the resource is busy), fence refused (handed back uncharged), released.
+        return self._hand_back(final.delay_s, final.reason or outcome.value, job_id)
