@@ -172,6 +172,12 @@ class App:
         self.dlq = DeadLetterQueue(self)
 
     @property
+    def store_url(self) -> str | None:
+        """The URL the store is opened from, as given (``None`` for an App made from a backend
+        object): what another process needs to open the same store."""
+        return self._migrate_url
+
+    @property
     def backend(self) -> Backend:
         """The store, opened on first use (so importing an app module touches no file)."""
         if self._backend is None:

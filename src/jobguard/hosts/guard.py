@@ -116,7 +116,7 @@ def check_store(store: App) -> str:
     """The store's URL, after opening it once: an unreachable store fails here, not at a job."""
     if not isinstance(store, App):
         raise ConfigurationError(f"the guard's store must be a jobguard.App, not {store!r}")
-    url = store._migrate_url  # the URL as given; worker processes open their own connections
+    url = store.store_url  # worker processes open their own connections from it
     if url is None:
         raise ConfigurationError(
             "a guarded host task needs the store as a URL (jobguard.App(url)), not a backend "
