@@ -16,7 +16,7 @@ from jobguard.testing import ControlledClock
 from tests.support.ports import bury, finish, guard_of, retry
 
 LEASE_S = 10.0
-RULES = DeliveryRules(LEASE_S, max_attempts=2)
+RULES = DeliveryRules(LEASE_S, max_attempts=2, lock_ttl_s=LEASE_S)
 
 
 def spec(order: int = 1) -> JobSpec:
@@ -27,6 +27,8 @@ def spec(order: int = 1) -> JobSpec:
         max_attempts=2,
         visibility_timeout_s=LEASE_S,
         operation_key=f"fulfil-order:{order}",
+        resource_key=f"order:{order}",
+        lock_ttl_s=LEASE_S,
         dedup_key=f"host:celery:shop.fulfil:fulfil-order:{order}",
     )
 
@@ -40,8 +42,13 @@ def test_the_first_delivery_gets_a_new_job_leased_and_a_live_lease_holds_off_the
 ) -> None:
     first = admit(backend, "celery:t1#0")
     assert first.admit == Admit.INSERT
-    assert first.delivery is not None
-    assert first.delivery.attempt == 1
+    assert first.prepared is not None
+    assert first.prepared.delivery.attempt == 1
+    # Begun in the admission's transaction, as a fetch begins: the lock and the claim held.
+    begun = first.prepared.begun
+    assert begun is not None
+    assert begun.grant is not None
+    assert begun.operation is not None
     clock.advance(4)
     second = admit(backend, "celery:t1#0")  # a visibility-timeout copy of the same message
     assert second.admit == Admit.HELD
@@ -59,8 +66,8 @@ def test_an_expired_lease_is_taken_over_and_a_spent_one_buries_the_job(
     clock.advance(LEASE_S + 1)
     taken = admit(backend, "celery:t1#1")
     assert taken.admit == Admit.LEASE
-    assert taken.delivery is not None
-    assert taken.delivery.attempt == 2
+    assert taken.prepared is not None
+    assert taken.prepared.delivery.attempt == 2
     outcomes = [a.outcome for a in backend.attempts(job_id=first.job_id)]
     assert outcomes == [Outcome.LOST, Outcome.RUNNING]
     clock.advance(LEASE_S + 1)
@@ -74,9 +81,9 @@ def test_a_job_due_later_hands_deliveries_back_until_its_time(
     backend: Backend, clock: ControlledClock
 ) -> None:
     first = admit(backend, "celery:t1#0")
-    assert first.delivery is not None
+    assert first.prepared is not None
     error = ErrorInfo("OSError", "the warehouse timed out")
-    retry(backend, guard_of(first.delivery), Closing(0.1), delay_s=30, error=error)
+    retry(backend, guard_of(first.prepared.delivery), Closing(0.1), delay_s=30, error=error)
     early = admit(backend, "celery:t1#1")
     assert early.admit == Admit.EARLY
     assert abs(early.wait_s - 30) < 0.01
@@ -90,8 +97,8 @@ def test_a_completed_job_gives_a_late_duplicate_a_job_of_its_own(
     backend: Backend, clock: ControlledClock
 ) -> None:
     first = admit(backend, "celery:t1#0")
-    assert first.delivery is not None
-    finish(backend, guard_of(first.delivery), Closing(0.1))
+    assert first.prepared is not None
+    finish(backend, guard_of(first.prepared.delivery), Closing(0.1))
     late = admit(backend, "celery:t1#0")
     assert late.admit == Admit.INSERT
     assert late.job_id != first.job_id  # its pipeline acks it as already processed
@@ -101,10 +108,12 @@ def test_a_buried_job_acks_its_deliveries_until_it_is_replayed(
     backend: Backend, clock: ControlledClock
 ) -> None:
     first = admit(backend, "celery:t1#0")
-    assert first.delivery is not None
+    assert first.prepared is not None
+    guard = guard_of(first.prepared.delivery)
+    error = ErrorInfo("Fatal", "no such customer")
     bury(
-        backend, guard_of(first.delivery), Closing(0.1), code=DeadCode.FATAL, reason="fatal",
-        error=ErrorInfo("Fatal", "no such customer"), operation_key="fulfil-order:1",
+        backend, guard, Closing(0.1), code=DeadCode.FATAL, reason="fatal", error=error,
+        operation_key="fulfil-order:1",
     )  # fmt: skip
     assert admit(backend, "celery:t1#1").admit == Admit.DEAD
     backend.replay(first.job_id)

@@ -180,13 +180,14 @@ class Prepared:
 class HostAdmission:
     """What :meth:`QueuePort.admit_host_delivery` did with one delivery of a host queue.
 
-    ``delivery`` is set when the shadow job was leased to it (``admit`` INSERT or LEASE);
-    ``wait_s`` says how long until the host should deliver again (HELD, EARLY).
+    ``prepared`` is set when the shadow job was leased to it (``admit`` INSERT or LEASE),
+    begun as a fetch begins (lock and operation claim); ``wait_s`` says how long until the
+    host should deliver again (HELD, EARLY).
     """
 
     admit: Admit
     job_id: int | None = None
-    delivery: Delivery | None = None
+    prepared: Prepared | None = None
     wait_s: float = 0.0
 
 
@@ -255,7 +256,9 @@ class QueuePort(Protocol):
         a new job is stored from ``spec`` and leased, or the waiting job is leased (an expired
         lease's attempt closed as lost first; a job whose attempts are spent is buried as
         :attr:`DeadCode.LOST` instead), each lease with an attempt row that records
-        ``host_delivery`` (the host's own id of the delivery); or nothing is written.
+        ``host_delivery`` (the host's own id of the delivery) and begun in the same
+        transaction as :meth:`fetch_prepared` begins (``rules`` give the lock's length); or
+        nothing is written.
         """
 
     def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:

@@ -39,7 +39,7 @@ from jobguard.core.retry import RetryPolicy, deferral_delay_s
 from jobguard.exceptions import ConfigurationError, JobGuardError, StoreUnavailableError
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Job, JobSpec, Outcome
-from jobguard.pipeline import Pipeline, guard_of
+from jobguard.pipeline import Pipeline
 from jobguard.settler import Settler
 from jobguard.task import CallOptions, Task
 
@@ -326,8 +326,8 @@ class HostGuard:
             return HostVerdict(
                 Verdict.DEAD, reason="in the dead letter queue", job_id=admitted.job_id
             )
-        assert admitted.delivery is not None
-        inflight = InFlight(admitted.delivery, guard_of(admitted.delivery), None)
+        assert admitted.prepared is not None
+        inflight = runtime.pipeline.adopt(admitted.prepared)
         runtime.hold(inflight)
         try:
             return self._execute(runtime, inflight)

@@ -237,7 +237,10 @@ class Leases:
                 return HostAdmission(Admit.DEAD, row["id"])  # its attempts were spent
             delivery = self._lease(tx, [row], task_rules, worker_id, now)[0]
             tx.run("attempt_host_delivery", {"id": delivery.attempt_id, "host": host_delivery})
-            return HostAdmission(decided.admit, row["id"], delivery)
+            # Begun in the lease's transaction, as a fetch begins what it leases.
+            request = begin_request(delivery, rules, worker_id)
+            (prepared,) = self._begin_fetched(tx, [delivery], [request], now)
+            return HostAdmission(decided.admit, row["id"], prepared)
 
         return self.driver.write(op)
 
