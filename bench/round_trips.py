@@ -85,16 +85,16 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
         _pipeline_base.BasePipeline._fetch_gen = fetch_gen  # type: ignore[method-assign]
 
 
-def rows_written(url: str, schema: str) -> int:
-    """Rows inserted, updated and deleted so far in the store's tables (the server's counts)."""
+def rows_written(url: str, schema: str) -> Counter[str]:
+    """Rows inserted, updated and deleted so far in each of the store's tables (the server's
+    counts)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
-            " WHERE schemaname = %s",
+        found = conn.execute(
+            "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables"
+            " WHERE schemaname = %s OR relname = 'bench_effects'",
             [schema],
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+        ).fetchall()
+    return Counter({str(name): int(count) for name, count in found})
 
 
 def server_cpu_s(url: str) -> float:
@@ -140,6 +140,8 @@ def main() -> None:
     with scratch_database() as url:
         store = BenchStore("postgres", url, Path(tempfile.mkdtemp()), "round_trips")
         module = load("bench.apps", store.url)
+        # Before the enqueue, so every job's insert counts (the enqueue is part of its cost).
+        written_before = rows_written(url, store.schema)
         now = time.time()
         if args.job == "full":
             module.full.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
@@ -149,15 +151,15 @@ def main() -> None:
             module.noop.enqueue_many({"n": n} for n in range(args.jobs))
         names = {text: name for name, text in render_queries(store.schema).items()}
         worker = Worker(module.app, queues=[args.job], concurrency=args.concurrency)
-        written_before = rows_written(url, store.schema)
         cpu_before = time.process_time()
         with counting(names) as (counts, waits):
             worker.run(burst=True)
         worker_cpu = time.process_time() - cpu_before
         server_cpu = server_cpu_s(url)
         module.app.close()
-        time.sleep(1.0)  # the server processes report their row counts as they exit
-        written = rows_written(url, store.schema) - written_before
+        time.sleep(2.0)  # the server processes report their row counts as they exit
+        written = rows_written(url, store.schema)
+        written.subtract(written_before)
         done = store.completed()
         vacuum = autovacuum(url)
     jobs = args.jobs
@@ -165,7 +167,8 @@ def main() -> None:
     print(f"(server autovacuum: {vacuum}; each run starts from a fresh database)")
     print(f"completed: {done}; round trips per job: {sum(waits.values()) / jobs:.1f}")
     print(f"statements per job: {sum(counts.values()) / jobs:.1f}")
-    print(f"rows written per job: {written / jobs:.1f}")
+    rows = ", ".join(f"{name} {count / jobs:.2f}" for name, count in written.most_common() if count)
+    print(f"rows written per job: {sum(written.values()) / jobs:.1f} ({rows})")
     print(
         f"CPU per job: worker {worker_cpu / jobs * 1e3:.3f} ms, "
         f"server {server_cpu / jobs * 1e3:.3f} ms (its connections)"
