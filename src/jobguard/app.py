@@ -111,6 +111,10 @@ class DeadLetterQueue:
         job_id = checks.job_id(job_id)
         actor = checks.optional_text("actor", actor)
         job = self._app.backend.replay(job_id)
+        resend = self._app.host_replays.get(job.task)
+        if resend is not None:
+            # A guarded task of another queue: its host delivers it, so send it there again.
+            resend(job)
         if actor is not None:
             self._app.backend.record_audit(actor, "replay", f"job {job_id}", job.task)
         return job
@@ -172,7 +176,15 @@ class App:
         self.hooks: Hooks = contained(hooks or Hooks())
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
+        # Guarded tasks of host queues (jobguard.hosts): how a replayed job is sent again.
+        self.host_replays: dict[str, Callable[[Job], None]] = {}
         self.dlq = DeadLetterQueue(self)
+
+    @property
+    def store_url(self) -> str | None:
+        """The URL the store is opened from, as given (``None`` for an App made from a backend
+        object): what another process needs to open the same store."""
+        return self._migrate_url
 
     @property
     def backend(self) -> Backend:

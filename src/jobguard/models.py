@@ -224,6 +224,9 @@ class Attempt:
     traceback: str | None
     steps_run: int
     steps_skipped: int
+    host_delivery: str | None = None
+    """The host queue's own id of the delivery (Celery task id, RQ job id, Dramatiq message
+    id) when a host queue's task is guarded (:mod:`jobguard.hosts`); ``None`` otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

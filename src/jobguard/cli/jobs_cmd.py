@@ -151,7 +151,8 @@ def attempts_table(title: str, attempts: Sequence[Attempt]) -> Table:
             [
                 a.job_id,
                 a.attempt,
-                a.worker_id,
+                # A guarded host task's attempt names the host's own delivery too.
+                f"{a.worker_id} {a.host_delivery}" if a.host_delivery else a.worker_id,
                 a.outcome.value,
                 when(a.started_at),
                 duration(a.duration_s),

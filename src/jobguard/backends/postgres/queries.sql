@@ -361,3 +361,12 @@ WHERE name = %(name)s AND cursor = %(expected)s;
 -- name: record_schedule_job
 UPDATE {schema}.schedules SET last_tick = %(tick)s, last_job_id = %(job_id)s
 WHERE name = %(name)s;
+
+-- name: host_job
+-- The newest shadow job of a host queue's operation, whatever its state (jobguard.hosts).
+-- Callers hold the key's dedup lock, so admissions of one operation take turns.
+SELECT * FROM {schema}.jobs WHERE dedup_key = %(dedup_key)s ORDER BY id DESC LIMIT 1 FOR UPDATE;
+
+
+-- name: attempt_host_delivery
+UPDATE {schema}.attempts SET host_delivery = %(host)s WHERE id = %(id)s;

@@ -381,3 +381,11 @@ WHERE name = :name AND cursor = :expected;
 
 -- name: record_schedule_job
 UPDATE schedules SET last_tick = :tick, last_job_id = :job_id WHERE name = :name;
+
+-- name: host_job
+-- The newest shadow job of a host queue's operation, whatever its state (jobguard.hosts).
+SELECT * FROM jobs WHERE dedup_key = :dedup_key ORDER BY id DESC LIMIT 1;
+
+
+-- name: attempt_host_delivery
+UPDATE attempts SET host_delivery = :host WHERE id = :id;
