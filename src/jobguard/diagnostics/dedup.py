@@ -10,7 +10,8 @@ becomes many jobs. Two signs of it:
 * **unstable dedup keys**: jobs of one task whose dedup keys differ only in a *volatile* part:
   a timestamp (epoch seconds or milliseconds, or an ISO date with a time), a UUID or a long hex
   id (:data:`VOLATILE`). Without an operation key to absorb them, each of those jobs ran. A
-  calendar date alone (``report:2026-12-01``) is a period, not volatile.
+  calendar date alone (``report:2026-12-01``) is a period, not volatile, and a schedule's tick
+  key (``schedule:NAME@TICK``, one job per tick by design) is jobguard's own, not a producer's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from jobguard.core.schedules import is_tick_key
 from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, ids
 from jobguard.models import Job
 
@@ -71,7 +73,10 @@ def split_operations(jobs: Iterable[Job]) -> list[SplitOperation]:
 
 def unstable_keys(jobs: Iterable[Job]) -> list[UnstableKey]:
     """Groups of jobs of one task whose dedup keys differ only in a volatile part."""
-    keyed = sorted((j for j in jobs if j.dedup_key is not None), key=lambda j: j.id)
+    keyed = sorted(
+        (j for j in jobs if j.dedup_key is not None and not is_tick_key(j.dedup_key, j.task)),
+        key=lambda j: j.id,
+    )
     groups: dict[tuple[str, str], dict[int, Job]] = defaultdict(dict)
     for job in keyed:
         assert job.dedup_key is not None
