@@ -9,14 +9,19 @@ and completed no longer fails the gate. Each runs on both backends, through ``jo
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
-from jobguard import App, Context
+from jobguard import App, Context, JobStatus
 from jobguard.scheduler import Scheduler
 from jobguard.testing import ControlledClock, drain
+from tests.e2e.test_doctor_findings import Store, start, status
+from tests.support import doctor_app as d
+from tests.support.procs import wait_until, workers
 
 
 def doctor(url: str) -> tuple[int, dict[str, Any]]:
@@ -29,6 +34,21 @@ def doctor(url: str) -> tuple[int, dict[str, Any]]:
 
 def of_kind(report: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [f for f in report["findings"] if f["kind"] == kind]
+
+
+@pytest.fixture
+def store(store_url: str) -> Store:
+    """A fresh store of each backend, with the directory of its marker files."""
+    d.markers_of(store_url).mkdir(parents=True, exist_ok=True)
+    return Store(store_url, d.markers_of(store_url))
+
+
+@pytest.fixture
+def tasks(store: Store) -> Iterator[App]:
+    """The doctor's app (``tests.support.doctor_app``): the producer side."""
+    application = d.make_app(store.url)
+    yield application
+    application.close()
 
 
 def test_schedule_ticks_are_not_an_unstable_dedup_key(
@@ -55,3 +75,48 @@ def test_schedule_ticks_are_not_an_unstable_dedup_key(
     assert of_kind(report, "unstable_dedup_key") == []
     assert report["warnings"] == report["problems"] == []
     assert code == 0
+
+
+# -- with real worker processes (tests.support.doctor_app) ---------------------------------------
+
+
+def test_an_outage_whose_buried_jobs_were_replayed_and_completed_is_resolved(
+    tasks: App, store: Store
+) -> None:
+    """An outage that buried six jobs is a problem (exit 1) until every one was replayed and
+    completed; then it is a resolved hint and the doctor exits 0, so it can gate cron or CI.
+    While some are still buried it stays a problem naming them."""
+    store.marker("down").touch()
+    struck = tasks.tasks[d.RATES].enqueue_many([{"n": n} for n in range(6)])
+    proc = start(store, concurrency=3)
+    with workers(proc):
+        wait_until(lambda: all(status(tasks, j.id) == JobStatus.DEAD for j in struck), timeout_s=30)
+        code, report = doctor(store.url)
+        assert code == 1
+        [outage] = of_kind(report, "outage")
+        assert outage["severity"] == "problem"
+
+        store.marker("down").unlink()  # the rates service is back
+        for job in struck[:4]:
+            tasks.dlq.replay(job.id)
+        wait_until(lambda: all(status(tasks, j.id) == JobStatus.COMPLETED for j in struck[:4]))
+        code, report = doctor(store.url)
+        assert code == 1
+        [outage] = of_kind(report, "outage")
+        assert outage["severity"] == "problem"
+        assert outage["keys"]["other_job_ids"] == [j.id for j in struck[4:]]
+        assert "2 jobs still buried" in outage["summary"]
+
+        for job in struck[4:]:
+            tasks.dlq.replay(job.id)
+        wait_until(lambda: all(status(tasks, j.id) == JobStatus.COMPLETED for j in struck))
+
+    code, report = doctor(store.url)
+
+    assert report["problems"] == []
+    assert code == 0
+    [outage] = of_kind(report, "outage")
+    assert outage["severity"] == "hint"
+    assert outage["keys"]["job_ids"] == [j.id for j in struck]
+    assert "resolved: all 6 buried jobs were replayed and completed" in outage["summary"]
+    assert outage["numbers"]["still_dead_jobs"] == 0

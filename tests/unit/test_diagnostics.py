@@ -789,18 +789,21 @@ def test_many_jobs_failing_together_are_an_outage_not_poison() -> None:
     [outage] = find_outages(buried)
     assert (outage.task, outage.failures, outage.retried, outage.dead) == ("sync", 15, 10, 5)
     assert outage.job_ids == outage.dead_job_ids == (1, 2, 3, 4, 5)
-    [finding] = outage_findings([outage])
+    dead = {n: job(id=n, status=JobStatus.DEAD) for n in range(1, 6)}
+    [finding] = outage_findings([outage], dead)
     assert (finding.kind, finding.severity, finding.keys.job_ids) == (
         Kind.OUTAGE,
         Severity.PROBLEM,
         (1, 2, 3, 4, 5),
     )
+    [replayed] = outage_findings([outage], {n: job(id=n) for n in range(1, 6)})
+    assert replayed.severity == Severity.HINT
     [group] = repeated_errors(buried, outages={("sync", outage.signature)})
     assert (group.outage, group.poison, group.max_per_job) == (True, False, 3)
     assert poison_findings([group]) == []
 
     retried = [failure(job_id, T0 + job_id) for job_id in range(1, 6)]
-    [warning] = outage_findings(find_outages(retried))
+    [warning] = outage_findings(find_outages(retried), {})
     assert warning.severity == Severity.WARNING
 
 

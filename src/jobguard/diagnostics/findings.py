@@ -51,7 +51,8 @@ class Keys:
     job_ids: tuple[int, ...] = ()
     """The jobs the finding is about (for a crash loop: the culprits)."""
     other_job_ids: tuple[int, ...] = ()
-    """Jobs affected by it but not its cause (for a crash loop: the collateral)."""
+    """Jobs affected by it but not its cause (for a crash loop: the collateral; for an outage:
+    the jobs still buried)."""
     operation_keys: tuple[str, ...] = ()
     resource_keys: tuple[str, ...] = ()
     dedup_keys: tuple[str, ...] = ()

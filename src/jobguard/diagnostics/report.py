@@ -120,7 +120,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
         *overlap_findings(overlaps),
         *resource_findings(resources, resource_overlaps, refused, jobs),
         *timeout_findings(durations),
-        *outage_findings(outages),
+        *outage_findings(outages, jobs),
         *crash_findings(crash_loops),
         *dedup_findings(splits, unstable),
         *spike_findings(retries),
