@@ -120,3 +120,37 @@ def test_an_outage_whose_buried_jobs_were_replayed_and_completed_is_resolved(
     assert outage["keys"]["job_ids"] == [j.id for j in struck]
     assert "resolved: all 6 buried jobs were replayed and completed" in outage["summary"]
     assert outage["numbers"]["still_dead_jobs"] == 0
+
+
+def test_late_duplicates_absorbed_by_the_operation_record_are_one_line_that_fits(
+    tasks: App, store: Store
+) -> None:
+    """A webhook delivered again after its job completed: the dedup key (no window) no longer
+    held it, the operation record acked it without running it. Twelve of them are one hint for
+    the task, naming what was missing (a dedup window), not a dedup key the jobs already had.
+    Jobs without a dedup key are told to get one; the gate stays green."""
+    notify = tasks.tasks[d.NOTIFY]
+    first = [notify.options(dedup_key=f"hook:{n}").enqueue(user=n) for n in range(12)]
+    bare = [notify.enqueue(user=n) for n in range(100, 103)]
+    drain(tasks)
+    again = [notify.options(dedup_key=f"hook:{n}").enqueue(user=n) for n in range(12)]
+    bare_again = [notify.enqueue(user=n) for n in range(100, 103)]
+    assert not any(job.deduplicated for job in again)
+    drain(tasks)
+
+    code, report = doctor(store.url)
+
+    assert code == 0, report["problems"]
+    assert report["warnings"] == []
+    assert of_kind(report, "split_operation") == []
+    keyed, unkeyed = sorted(of_kind(report, "late_duplicate"), key=lambda f: -f["numbers"]["jobs"])
+    assert (keyed["severity"], keyed["task"]) == ("hint", d.NOTIFY)
+    assert keyed["keys"]["job_ids"] == sorted(job.id for job in [*first, *again])
+    numbers = keyed["numbers"]
+    assert (numbers["operations"], numbers["jobs"], numbers["extra_jobs"]) == (12, 24, 12)
+    assert keyed["numbers"]["latest_after_s"] > 0
+    assert "dedup_window_s" in keyed["advice"]
+    assert "give it a dedup_key" not in keyed["advice"]
+    assert unkeyed["keys"]["job_ids"] == sorted(job.id for job in [*bare, *bare_again])
+    assert "dedup_key" in unkeyed["advice"]
+    assert len(report["hints"]) == 2
