@@ -21,7 +21,8 @@ from jobguard.scheduler import Scheduler
 from jobguard.testing import ControlledClock, drain
 from tests.e2e.test_doctor_findings import Store, start, status
 from tests.support import doctor_app as d
-from tests.support.procs import wait_until, workers
+from tests.support import signal_app as s
+from tests.support.procs import spawn_worker, wait_until, workers
 
 
 def doctor(url: str) -> tuple[int, dict[str, Any]]:
@@ -49,6 +50,21 @@ def tasks(store: Store) -> Iterator[App]:
     application = d.make_app(store.url)
     yield application
     application.close()
+
+
+@pytest.fixture
+def signal_tasks(store: Store) -> Iterator[App]:
+    """The signal tests' own app (``tests.support.signal_app``): the producer side."""
+    application = s.make_app(store.url)
+    yield application
+    application.close()
+
+
+def drain_processes(store: Store, app_module: str = "tests.support.signal_app") -> None:
+    """Run a burst worker process until nothing is ready or running."""
+    proc = spawn_worker(store.url, app_module, burst=True)
+    with workers(proc):
+        assert proc.wait(timeout_s=60) == 0
 
 
 def test_schedule_ticks_are_not_an_unstable_dedup_key(
@@ -154,3 +170,28 @@ def test_late_duplicates_absorbed_by_the_operation_record_are_one_line_that_fits
     assert unkeyed["keys"]["job_ids"] == sorted(job.id for job in [*bare, *bare_again])
     assert "dedup_key" in unkeyed["advice"]
     assert len(report["hints"]) == 2
+
+
+def test_completions_that_swallowed_an_error_are_short_even_when_most_did(
+    signal_tasks: App, store: Store
+) -> None:
+    """While the mail service is down, the handler swallows the send's error and returns: those
+    jobs complete having sent nothing. Six of ten did, four sent their mail: the task has no
+    external reference to compare, and the short ones are the majority, yet they are named as
+    short completions beside the full runs their siblings made."""
+    mail = signal_tasks.tasks[s.MAIL]
+    sent = mail.enqueue_many([{"user": n} for n in range(4)])
+    drain_processes(store)
+    store.marker("mailer-down").touch()
+    swallowed = mail.enqueue_many([{"user": n} for n in range(4, 10)])
+    drain_processes(store)
+    assert all(status(signal_tasks, job.id) == JobStatus.COMPLETED for job in [*sent, *swallowed])
+
+    code, report = doctor(store.url)
+
+    assert code == 0, report["problems"]
+    [short] = of_kind(report, "short_completion")
+    assert (short["severity"], short["task"]) == ("warning", s.MAIL)
+    assert short["keys"]["job_ids"] == [job.id for job in swallowed]
+    assert (short["numbers"]["usual_steps"], short["numbers"]["fewest_steps"]) == (2, 1)
+    assert of_kind(report, "missing_external_ref") == []

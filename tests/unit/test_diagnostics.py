@@ -1010,6 +1010,24 @@ def test_completions_with_fewer_steps_than_usual_are_named() -> None:
     )
 
 
+def test_most_completions_stopping_partway_through_the_full_run_are_short() -> None:
+    """When most completions stopped partway (a swallowed error during an outage), the fullest
+    run a quarter of them made is the usual one: the others recorded only steps the full runs
+    recorded too, so they are short. Completions that took another branch (a step the full runs
+    never recorded) are not."""
+    full = {"render": 1, "send": 2}
+    attempts = [attempt(job_id=n, operation_key=f"op:{n}", steps_run=2) for n in range(1, 4)]
+    attempts += [attempt(job_id=n, operation_key=f"op:{n}", steps_run=1) for n in range(4, 8)]
+    operations = {f"op:{n}": operation(f"op:{n}", steps=full) for n in range(1, 4)}
+    operations.update({f"op:{n}": operation(f"op:{n}", steps={"render": 1}) for n in range(4, 8)})
+    assert short_completions(attempts) == []  # by counts alone, the short ones are the usual
+    [short] = short_completions(attempts, operations)
+    assert (short.usual_steps, short.job_ids, short.fewest_steps) == (2, (4, 5, 6, 7), 1)
+
+    operations.update({f"op:{n}": operation(f"op:{n}", steps={"skip": 1}) for n in range(4, 8)})
+    assert short_completions(attempts, operations) == []
+
+
 def test_audit_examples_are_the_most_recent_in_numeric_order() -> None:
     """Examples of operations without an external reference: the five most recent, listed
     op:2 before op:10; a task where most have a reference gets a warning."""

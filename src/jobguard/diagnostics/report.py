@@ -113,7 +113,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
     crash_loops = find_crash_loops(attempts, jobs)
     splits = split_operations(in_scope)
     unstable = unstable_keys(in_scope)
-    shorts = short_completions(attempts)
+    shorts = short_completions(attempts, snapshot.operations)
     checked = audit(in_scope, jobs.values(), snapshot.operations, snapshot.now)
     crashed_operations = {key for loop in crash_loops for key in loop.operation_keys}
     findings = [
