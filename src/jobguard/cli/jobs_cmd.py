@@ -91,12 +91,17 @@ def safe_text(text: str, style: str = "", *, keep_lines: bool = False) -> Text:
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Table:
-    """A rich table whose cells are plain text (no markup from stored strings)."""
+    """A rich table whose cells are plain text (no markup from stored strings).
+
+    A cell keeps its line breaks: inside its box they cannot pass for lines of the output, so
+    a list of fire times or a multi-line error reads as lines; every other control character
+    is still escaped.
+    """
     grid = Table(title=safe_text(title), title_justify="left")  # titles quote keys too
     for name in columns:
         grid.add_column(name, overflow="fold")
     for row in rows:
-        grid.add_row(*(safe_text(dash(cell)) for cell in row))
+        grid.add_row(*(safe_text(dash(cell), keep_lines=True) for cell in row))
     return grid
 
 
