@@ -9,6 +9,7 @@ and completed no longer fails the gate. Each runs on both backends, through ``jo
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -16,13 +17,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from jobguard import App, Context, JobStatus
+from jobguard import App, Context, JobStatus, Outcome
 from jobguard.scheduler import Scheduler
 from jobguard.testing import ControlledClock, drain
 from tests.e2e.test_doctor_findings import Store, start, status
 from tests.support import doctor_app as d
 from tests.support import signal_app as s
 from tests.support.procs import spawn_worker, wait_until, workers
+
+SIGNAL_APP = "tests.support.signal_app"
 
 
 def doctor(url: str) -> tuple[int, dict[str, Any]]:
@@ -60,9 +63,9 @@ def signal_tasks(store: Store) -> Iterator[App]:
     application.close()
 
 
-def drain_processes(store: Store, app_module: str = "tests.support.signal_app") -> None:
-    """Run a burst worker process until nothing is ready or running."""
-    proc = spawn_worker(store.url, app_module, burst=True)
+def drain_processes(store: Store, queues: list[str] | None = None) -> None:
+    """Run a burst worker process of the signal app until nothing is ready or running."""
+    proc = spawn_worker(store.url, SIGNAL_APP, burst=True, queues=queues)
     with workers(proc):
         assert proc.wait(timeout_s=60) == 0
 
@@ -195,3 +198,91 @@ def test_completions_that_swallowed_an_error_are_short_even_when_most_did(
     assert short["keys"]["job_ids"] == [job.id for job in swallowed]
     assert (short["numbers"]["usual_steps"], short["numbers"]["fewest_steps"]) == (2, 1)
     assert of_kind(report, "missing_external_ref") == []
+
+
+def run_until_settled(tasks: App, store: Store, queues: list[str] | None = None) -> None:
+    """A worker process of the signal app until every job completed or was buried (the jobs of
+    killed workers come back once their leases expire)."""
+    proc = spawn_worker(store.url, SIGNAL_APP, queues=queues, concurrency=4)
+    with workers(proc):
+        proc.wait_ready()
+        wait_until(
+            lambda: (
+                tasks.counts()[JobStatus.QUEUED] == 0 and tasks.counts()[JobStatus.RUNNING] == 0
+            ),
+            timeout_s=30,
+        )
+
+
+def kill_while_running(tasks: App, store: Store, queue: str, running: int) -> str:
+    """Start a worker on ``queue``; SIGKILL it once ``running`` of its deliveries run."""
+    proc = spawn_worker(store.url, SIGNAL_APP, queues=[queue], concurrency=running)
+    proc.wait_ready()
+    worker_id = f"w{proc.pid}"
+    with workers(proc):
+        wait_until(
+            lambda: (
+                sum(
+                    a.outcome == Outcome.RUNNING and a.worker_id == worker_id
+                    for a in tasks.attempts(limit=500)
+                )
+                >= running
+            )
+        )
+        proc.signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+    return worker_id
+
+
+def test_worker_deaths_are_reported_with_what_they_took_down_and_what_recovered(
+    signal_tasks: App, store: Store
+) -> None:
+    """Two worker processes SIGKILLed mid-run: the doctor says two workers died, which
+    deliveries and jobs died with them, that the jobs allowed another delivery recovered, and
+    that the one allowed a single delivery was buried (a warning naming it)."""
+    steps = signal_tasks.tasks[s.STEPS]
+    first = [steps.options(queue="one").enqueue(n=n) for n in range(3)]
+    fragile = signal_tasks.tasks[s.FRAGILE].options(queue="one").enqueue(n=9)
+    second = [steps.options(queue="two").enqueue(n=n) for n in range(10, 12)]
+    dead_ids = [
+        kill_while_running(signal_tasks, store, "one", 4),
+        kill_while_running(signal_tasks, store, "two", 2),
+    ]
+    run_until_settled(signal_tasks, store, queues=["one", "two"])
+    recovered = [*first, *second]
+    assert all(status(signal_tasks, j.id) == JobStatus.COMPLETED for j in recovered)
+    assert status(signal_tasks, fragile.id) == JobStatus.DEAD
+
+    code, report = doctor(store.url)
+
+    assert code == 0, report["problems"]
+    [deaths] = of_kind(report, "worker_deaths")
+    assert (deaths["severity"], deaths["task"]) == ("warning", None)
+    assert deaths["numbers"] == {
+        "workers": 2,
+        "lost_deliveries": 6,
+        "jobs": 6,
+        "recovered": 5,
+        "pending": 0,
+        "buried": 1,
+    }
+    assert deaths["keys"]["job_ids"] == sorted(j.id for j in [*recovered, fragile])
+    assert deaths["keys"]["other_job_ids"] == [fragile.id]
+    assert all(worker in deaths["summary"] for worker in dead_ids)
+    assert "2 worker processes died" in deaths["summary"]
+    assert f"buried: job {fragile.id}" in deaths["summary"]
+
+
+def test_worker_deaths_whose_jobs_all_recovered_are_a_hint(signal_tasks: App, store: Store) -> None:
+    jobs = signal_tasks.tasks[s.STEPS].enqueue_many([{"n": n} for n in range(2)])
+    kill_while_running(signal_tasks, store, "default", 2)
+    run_until_settled(signal_tasks, store)
+    assert all(status(signal_tasks, j.id) == JobStatus.COMPLETED for j in jobs)
+
+    code, report = doctor(store.url)
+
+    assert code == 0
+    [deaths] = of_kind(report, "worker_deaths")
+    assert deaths["severity"] == "hint"
+    assert "1 worker process died" in deaths["summary"]
+    assert "all 2 recovered" in deaths["summary"]

@@ -5,7 +5,8 @@
 * ``mail`` renders, then sends in a step; while ``mailer-down`` exists the send raises and the
   handler swallows the error and returns (the job completes having sent nothing);
 * ``slow`` runs ``run_s`` seconds on a 1 s lease kept alive by the heartbeat (a slow handler);
-* ``steps`` runs three steps, a moment apart, so a worker killed or stopped under it is inside it.
+* ``steps`` runs three steps, a moment apart, so a worker killed or stopped under it is inside
+  it; ``fragile`` does the same with a single delivery allowed (a crash buries it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tests.support import stores
 MAIL = "mail"
 SLOW = "slow"
 STEPS = "steps"
+FRAGILE = "fragile"
 
 
 class MailerDown(Exception):
@@ -52,5 +54,9 @@ def make_app(url: str) -> App:
         for name in ("reserve", "charge", "ship"):
             ctx.step(name, lambda: n)
             time.sleep(0.2)
+
+    @app.task(name=FRAGILE, operation_key="fragile:{n}", visibility_timeout_s=2.0, max_attempts=1)
+    def fragile(ctx: Context, n: int) -> None:
+        steps(ctx, n)
 
     return app

@@ -35,6 +35,7 @@ class Kind(StrEnum):
     POISON = "poison"
     RETRY_SPIKE = "retry_spike"
     CRASH_LOOP = "crash_loop"
+    WORKER_DEATHS = "worker_deaths"
     SPLIT_OPERATION = "split_operation"
     LATE_DUPLICATE = "late_duplicate"
     UNSTABLE_DEDUP_KEY = "unstable_dedup_key"

@@ -11,6 +11,7 @@ from jobguard.diagnostics.completions import (
     short_completions,
 )
 from jobguard.diagnostics.crashes import CrashLoop, crash_findings, find_crash_loops
+from jobguard.diagnostics.deaths import WorkerDeaths, death_findings, worker_deaths
 from jobguard.diagnostics.dedup import (
     SplitOperation,
     UnstableKey,
@@ -57,6 +58,8 @@ class Diagnosis:
         errors: G10.4, the errors that repeat most, with poison candidates.
         outages: Many jobs of a task failing the same way within a short window.
         crash_loops: Worker crashes with the same job present at each.
+        worker_deaths: The worker processes that died, what they took down and what recovered
+            (``None``: none died).
         split_operations: Operation keys carried by several jobs.
         unstable_dedup_keys: Dedup keys that differ only in a timestamp or a fresh id.
         short_completions: Completions that went through fewer steps than the task usually does.
@@ -76,6 +79,7 @@ class Diagnosis:
     errors: tuple[ErrorGroup, ...]
     outages: tuple[Outage, ...]
     crash_loops: tuple[CrashLoop, ...]
+    worker_deaths: WorkerDeaths | None
     split_operations: tuple[SplitOperation, ...]
     unstable_dedup_keys: tuple[UnstableKey, ...]
     short_completions: tuple[ShortCompletions, ...]
@@ -111,6 +115,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
     durations = task_durations(attempts, jobs)
     retries = retry_rates(attempts)
     crash_loops = find_crash_loops(attempts, jobs)
+    deaths = worker_deaths(attempts, jobs)
     splits = split_operations(in_scope)
     unstable = unstable_keys(in_scope)
     shorts = short_completions(attempts, snapshot.operations)
@@ -122,6 +127,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
         *timeout_findings(durations),
         *outage_findings(outages, jobs),
         *crash_findings(crash_loops),
+        *death_findings(deaths),
         *dedup_findings(splits, unstable),
         *spike_findings(retries),
         *poison_findings(errors),
@@ -142,6 +148,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
         errors=tuple(errors),
         outages=tuple(outages),
         crash_loops=tuple(crash_loops),
+        worker_deaths=deaths,
         split_operations=tuple(splits),
         unstable_dedup_keys=tuple(unstable),
         short_completions=tuple(shorts),
