@@ -47,7 +47,10 @@ class EventLoopThread:
         except RuntimeError:
             coroutine.close()  # never awaited: say nothing about it at garbage collection
             raise
-        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+        result = asyncio.run_coroutine_threadsafe(_contained(coroutine), loop).result()
+        if isinstance(result, _Exited):
+            raise result.exc  # on the calling thread, which treats it as the job's failure
+        return result
 
     def close(self) -> None:
         """Cancel what still runs on the loop, stop it and join its thread."""
@@ -65,6 +68,25 @@ class EventLoopThread:
         if not thread.is_alive():
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
+
+
+class _Exited:
+    """A coroutine raised SystemExit or KeyboardInterrupt: carried out as a value."""
+
+    def __init__(self, exc: SystemExit | KeyboardInterrupt) -> None:
+        self.exc = exc
+
+
+async def _contained(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Await ``coroutine``; a SystemExit or KeyboardInterrupt it raises comes back as a value.
+
+    Raised inside a task, asyncio lets those two escape the loop itself: the loop thread would
+    stop, the caller would wait for ever and the job would stay running under a renewed lease.
+    """
+    try:
+        return await coroutine
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return _Exited(exc)
 
 
 async def _cancel_all() -> None:

@@ -25,7 +25,7 @@ from jobguard.exceptions import (
     NotFoundError,
     UnknownTaskError,
 )
-from jobguard.hooks import Hooks
+from jobguard.hooks import Hooks, contained
 from jobguard.models import (
     Attempt,
     AuditEntry,
@@ -159,7 +159,8 @@ class App:
         self._backend = backend
         self._backend_lock = threading.Lock()
         self.max_payload_bytes = max_payload_bytes
-        self.hooks = hooks or Hooks()
+        # Behind one containing loop: a hook that raises is logged and counted, never passed on.
+        self.hooks: Hooks = contained(hooks or Hooks())
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
         self.dlq = DeadLetterQueue(self)

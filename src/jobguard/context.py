@@ -42,7 +42,7 @@ class InFlight:
         self.lost = False
         self.lost_reason = ""
         self.started = False  # taken by a handler thread: shutdown waits for it, not releases it
-        self.finishing = False  # handler done; its finish waits in the worker's ack batch
+        self.finishing = False  # handler done; its ending waits in the settler's batch
         # The pipeline is writing how the delivery ends: a refusal of that write reports a lost
         # lease; the heartbeat, which may renew a job just finished, does not.
         self.closing = False

@@ -2,24 +2,30 @@
 
 Subclass :class:`Hooks`, override what you need and pass an instance to ``App(hooks=...)``;
 :class:`HookChain` runs several. Hooks run on the caller's thread (a producer's, or a worker's
-handler, acker or heartbeat thread); keep them fast and never raise from them.
+handler, settler or heartbeat thread); keep them fast. A hook that raises is contained (logged
+once, counted in :attr:`HookChain.failures`), never passed on to the code that called it.
 
 Where each is called::
 
     enqueue        enqueuing(specs) ─► [store] ─► job_enqueued(job) for each job
-    handler thread delivering(delivery) ─┬─ running_step(delivery, name) / step_skipped(...)
-                                         └─ attempt_ended(event) unless the finish is pending
-    acker thread   attempt_ended(event) once the batched finish is written or refused
+    handler thread delivering(delivery) ─► running_step(delivery, name) / step_skipped(...)
+    settler thread attempt_ended(event), delivery_settled(...) once the delivery's ending is
+                   written (or refused, or could not be written)
     heartbeat      leases_renewed(count) after each beat; lease_lost(delivery, reason)
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from jobguard.models import Delivery, Job, JobSpec, Outcome
+
+log = logging.getLogger("jobguard.hooks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +74,8 @@ class Hooks:
     def delivering(self, delivery: Delivery) -> contextlib.AbstractContextManager[None]:
         """Wraps the pipeline's run of one delivery on its handler thread (handler included).
 
-        The delivery's :meth:`attempt_ended` comes inside it, or later from the acker thread
-        when its finish is written in a batch.
+        The delivery's :meth:`attempt_ended` comes later, from the worker's settler thread,
+        once its ending is written in a batch.
         """
         return contextlib.nullcontext()
 
@@ -105,82 +111,135 @@ class Hooks:
 
 
 class HookChain(Hooks):
-    """Several hooks in order, e.g. ``App(hooks=HookChain(metrics, tracing))``."""
+    """Several hooks in order, e.g. ``App(hooks=HookChain(metrics, tracing))``.
+
+    Every call goes through one loop that contains a failing hook: what a hook raises is logged
+    (once per hook and method), counted in :attr:`failures`, and never reaches the caller, so a
+    broken metrics or tracing hook cannot stop a worker's settler, handler threads or heartbeat.
+    The app wraps the hooks it is given in one.
+    """
 
     def __init__(self, *hooks: Hooks) -> None:
         self.hooks = tuple(hooks)
+        self.failures = 0
+        self._told: set[tuple[int, str]] = set()
+        self._lock = threading.Lock()
+
+    def _failed(self, hook: Hooks, method: str, exc: BaseException) -> None:
+        with self._lock:
+            self.failures += 1
+            first = (id(hook), method) not in self._told
+            self._told.add((id(hook), method))
+        if first:
+            log.error(
+                "hook %s.%s raised; it is skipped and further errors of it are only counted",
+                type(hook).__name__,
+                method,
+                exc_info=exc,
+            )
+
+    def _each(self, method: str, *args: Any) -> None:
+        """Call ``method`` of every hook in order; contain what each raises."""
+        for hook in self.hooks:
+            try:
+                getattr(hook, method)(*args)
+            except Exception as exc:
+                self._failed(hook, method, exc)
+
+    @contextlib.contextmanager
+    def _around(self, method: str, *args: Any) -> Iterator[list[Any]]:
+        """Enter ``method`` of every hook in order (what they yield, in a list); a hook that
+        fails to enter or to leave is contained; what the body raises goes on unchanged."""
+        entered: list[tuple[Hooks, contextlib.AbstractContextManager[Any]]] = []
+        yielded: list[Any] = []
+        for hook in self.hooks:
+            try:
+                manager = getattr(hook, method)(*args)
+                yielded.append(manager.__enter__())
+            except Exception as exc:
+                self._failed(hook, method, exc)
+                continue
+            entered.append((hook, manager))
+        raised: BaseException | None = None
+        try:
+            yield yielded
+        except BaseException as exc:
+            raised = exc
+        for hook, manager in reversed(entered):
+            try:
+                if raised is None:
+                    manager.__exit__(None, None, None)
+                else:
+                    manager.__exit__(type(raised), raised, raised.__traceback__)
+            except Exception as exc:
+                if exc is not raised:
+                    self._failed(hook, method, exc)
+        if raised is not None:
+            raise raised
 
     def worker_started(self, worker_id: str, queues: list[str]) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.worker_started(worker_id, queues)
+        self._each("worker_started", worker_id, queues)
 
     def worker_stopped(self, worker_id: str, released: int) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.worker_stopped(worker_id, released)
+        self._each("worker_stopped", worker_id, released)
 
     @contextlib.contextmanager
     def enqueuing(self, specs: Sequence[JobSpec]) -> Iterator[dict[str, str]]:
         """Enter every hook in order; the headers they yield are merged (later ones win)."""
-        headers: dict[str, str] = {}
-        with contextlib.ExitStack() as stack:
-            for hook in self.hooks:
-                headers.update(stack.enter_context(hook.enqueuing(specs)))
+        with self._around("enqueuing", specs) as yielded:
+            headers: dict[str, str] = {}
+            for found in yielded:
+                if isinstance(found, dict):
+                    headers.update(found)
             yield headers
 
     def job_enqueued(self, job: Job) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.job_enqueued(job)
+        self._each("job_enqueued", job)
 
     @contextlib.contextmanager
     def delivering(self, delivery: Delivery) -> Iterator[None]:
         """Enter every hook in order."""
-        with contextlib.ExitStack() as stack:
-            for hook in self.hooks:
-                stack.enter_context(hook.delivering(delivery))
+        with self._around("delivering", delivery):
             yield
 
     @contextlib.contextmanager
     def running_step(self, delivery: Delivery, name: str) -> Iterator[None]:
         """Enter every hook in order."""
-        with contextlib.ExitStack() as stack:
-            for hook in self.hooks:
-                stack.enter_context(hook.running_step(delivery, name))
+        with self._around("running_step", delivery, name):
             yield
 
     def step_skipped(self, delivery: Delivery, name: str) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.step_skipped(delivery, name)
+        self._each("step_skipped", delivery, name)
 
     def attempt_ended(self, event: AttemptEvent) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.attempt_ended(event)
+        self._each("attempt_ended", event)
 
     def delivery_settled(self, delivery: Delivery, outcome: Outcome, duration_s: float) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.delivery_settled(delivery, outcome, duration_s)
+        self._each("delivery_settled", delivery, outcome, duration_s)
 
     def leases_renewed(self, count: int) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.leases_renewed(count)
+        self._each("leases_renewed", count)
 
     def lease_lost(self, delivery: Delivery, reason: str) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.lease_lost(delivery, reason)
+        self._each("lease_lost", delivery, reason)
 
     def worker_failed(self, worker_id: str, reason: str) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.worker_failed(worker_id, reason)
+        self._each("worker_failed", worker_id, reason)
 
     def store_error(self, where: str, error: BaseException) -> None:
         """Call every hook."""
-        for hook in self.hooks:
-            hook.store_error(where, error)
+        self._each("store_error", where, error)
+
+
+def contained(hooks: Hooks) -> HookChain:
+    """``hooks`` behind the containing loop of :class:`HookChain` (itself, if it is one)."""
+    return hooks if isinstance(hooks, HookChain) else HookChain(hooks)

@@ -2,28 +2,31 @@
 
 ::
 
-    delivery (leased) ─► known task? JSON object? arguments fit? ── no ─► dead letter queue
+    delivery (leased) ─► known task? JSON object? arguments fit? ── no ─► bury
         ─► resource lock (owner token, fence) ── busy ─► defer (attempt not charged)
-        ─► operation record ── completed ─► ack "already processed"
+        ─► operation record ── completed ─► "already processed"
         ─► handler(ctx)  (steps memoised, db_step effects in the step's transaction)
-        ─► finish: operation completed + job acked + attempt closed + lock released, atomically
-           (returned pending as ``Settled.ack``; the worker writes many in one commit: complete())
+        ─► completed: operation completed + job done + attempt closed + lock released
         ─► on error: classify ─► transient: retry with backoff │ fatal/spent/poison: bury
-    A write refused for a stale lease or fence is recorded on this delivery's attempt and the
-    job is left to its current owner: the stale worker never acks.
+    A write refused for a stale lease or fence ends the delivery as refused: only its own
+    attempt row is marked, and the job is left to its current owner (or, when only the lock
+    was lost, handed back uncharged).
+
+:meth:`Pipeline.run` decides how a delivery ends and returns it as an
+:class:`~jobguard.backends.base.Ending`; it writes no ending itself. The worker's settler
+writes endings in batches (:meth:`~jobguard.backends.base.QueuePort.settle`) and tells the
+hooks. Until its ending is written a delivery is not over: its lease is held and renewed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import random
-import secrets
 import time
 import traceback
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jobguard.backends.base import (
@@ -31,16 +34,17 @@ from jobguard.backends.base import (
     BeginRequest,
     Begun,
     Closing,
+    Ending,
     ErrorInfo,
-    FinishRequest,
     Prepared,
+    begin_request,
 )
 from jobguard.context import Context, InFlight
 from jobguard.core import messages
 from jobguard.core.jsonvalues import MAX_NESTING, decode_object, too_deep
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
 from jobguard.core.text import MAX_TRACEBACK_CHARS, describe, storable
-from jobguard.exceptions import Fatal, GuardLost, JobGuardError, LeaseLostError, StaleFenceError
+from jobguard.exceptions import Fatal, GuardLost, JobGuardError, StaleFenceError
 from jobguard.hooks import AttemptEvent
 from jobguard.models import DeadCode, Delivery, Guard, OperationStatus, Outcome
 
@@ -49,21 +53,6 @@ if TYPE_CHECKING:
     from jobguard.task import Task
 
 RunAsync = Callable[[Coroutine[Any, Any, Any]], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """How the pipeline ended one delivery (for hooks, stats and tests).
-
-    ``ack`` is set when the delivery succeeded and its finish is still to be written: the worker
-    collects these and writes them in batches (:meth:`Pipeline.complete`). Until then the job is
-    not done — its lease is still held and renewed.
-    """
-
-    outcome: Outcome
-    reason: str = ""
-    ack: FinishRequest | None = None
-    error: ErrorInfo | None = None
 
 
 def guard_of(delivery: Delivery) -> Guard:
@@ -100,100 +89,49 @@ class Pipeline:
         # Where coroutines of async handlers run: the worker's event loop thread.
         self.run_async = run_async
 
-    def run(self, inflight: InFlight) -> Settled:
-        """Run the delivery up to its finish, which is returned as ``Settled.ack`` (not written).
+    def run(self, inflight: InFlight) -> Ending:
+        """Run the delivery and return how it ends (not written: see :meth:`QueuePort.settle`).
 
-        Failures, deferrals and refusals are written here; a success is written by
-        :meth:`complete`, so that a worker can ack many jobs in one durable commit.
+        Every way out is an ending: completed, already processed, retry, deferred, dead,
+        refused (a write of this stale delivery was refused), or ``lost`` when the store failed
+        mid-delivery (nothing to write: the lease expires and the next fetch of the job closes
+        the attempt as lost).
         """
         started = time.monotonic()
         with self.hooks.delivering(inflight.delivery):
             try:
-                settled = self._run(inflight, started)
+                return self._run(inflight, started)
             except GuardLost as exc:
-                settled = self._refused(
+                return self.refused(
                     inflight, exc, self._closing(inflight, started, inflight.context)
                 )
             except JobGuardError as exc:
-                # The store failed mid-delivery: the lease expires and the attempt is closed as
-                # lost by the next fetch of the job, which is what hooks hear now.
-                lost = Settled(Outcome.LOST, f"store error: {exc}")
-                self._report(inflight, lost, time.monotonic() - started)
-                raise
-            if settled.ack is None:
-                self._report(inflight, settled, time.monotonic() - started)
-        return settled
+                self.hooks.store_error("pipeline", exc)
+                closing = self._closing(inflight, started, inflight.context)
+                return lost(inflight, closing, f"store error: {exc}")
 
-    def _report(self, inflight: InFlight, settled: Settled, duration_s: float) -> None:
+    def report(self, inflight: InFlight, ending: Ending) -> None:
         """Tell the hooks how a delivery ended, with what the attempt log holds of it."""
-        ctx = inflight.context
-        lock = inflight.guard.lock
-        error = settled.error
+        lock = ending.guard.lock
+        error = ending.error
+        closing = ending.closing
+        duration_s = closing.duration_s
         self.hooks.attempt_ended(
             AttemptEvent(
                 delivery=inflight.delivery,
                 worker_id=self.worker_id,
-                outcome=settled.outcome,
+                outcome=ending.outcome,
                 duration_s=duration_s,
                 lock_owner=lock.owner if lock else None,
                 fence=lock.fence if lock else None,
-                steps_run=ctx.steps_run if ctx else 0,
-                steps_skipped=ctx.steps_skipped if ctx else 0,
-                reason=settled.reason,
+                steps_run=closing.steps_run,
+                steps_skipped=closing.steps_skipped,
+                reason=ending.reason,
                 error_type=error.type if error else None,
                 error_message=error.message if error else None,
             )
         )
-        self.hooks.delivery_settled(inflight.delivery, settled.outcome, duration_s)
-
-    def complete(self, batch: Sequence[tuple[InFlight, Settled]]) -> list[Settled]:
-        """Write the finishes of successful deliveries in one store call (batched acks).
-
-        A finish the store refuses (stale lease or fence) is recorded as a refusal: the stale
-        worker never acks.
-        """
-        acks = [settled.ack for _, settled in batch if settled.ack is not None]
-        if len(acks) != len(batch):
-            raise ValueError("complete() takes only deliveries whose finish is pending")
-        try:
-            refusals = self.backend.finish_many(acks)
-        except JobGuardError as exc:
-            # Not acked: the leases expire and the next fetch closes these attempts as lost.
-            for (inflight, _), ack in zip(batch, acks, strict=True):
-                lost = Settled(Outcome.LOST, f"ack failed: {exc}")
-                self._report(inflight, lost, ack.closing.duration_s)
-            raise
-        results: list[Settled] = []
-        for (inflight, settled), refusal, ack in zip(batch, refusals, acks, strict=True):
-            if refusal is None:
-                final = Settled(settled.outcome, settled.reason)
-            elif isinstance(refusal, GuardLost):
-                final = self._refused(inflight, refusal, ack.closing)
-            else:
-                # This one finish could not be written: the job is left to its lease and runs
-                # again (its steps are skipped); the rest of the batch was acked.
-                self.hooks.store_error("ack", refusal)
-                final = Settled(Outcome.LOST, f"not acked: {refusal}")
-            self._report(inflight, final, ack.closing.duration_s)
-            results.append(final)
-        return results
-
-    def begin_request(self, delivery: Delivery, task: Task) -> BeginRequest | None:
-        """What must hold before the handler runs: a lock, an operation claim, or nothing."""
-        if delivery.resource_key is None and delivery.operation_key is None:
-            return None
-        return BeginRequest(
-            resource_key=delivery.resource_key,
-            lock_owner=f"{self.worker_id}/{secrets.token_hex(8)}",
-            lock_ttl_s=task.lock_ttl_s,  # the worker's definition, not the enqueuer's copy
-            operation_key=delivery.operation_key,
-        )
-
-    def request_for(self, delivery: Delivery) -> BeginRequest | None:
-        """What a fetched delivery must hold before its handler (``None`` for an unknown task,
-        which the pipeline buries, and for a task without keys)."""
-        task = self.tasks.get(delivery.task)
-        return self.begin_request(delivery, task) if task else None
+        self.hooks.delivery_settled(inflight.delivery, ending.outcome, duration_s)
 
     def adopt(self, prepared: Prepared) -> InFlight:
         """Hold a delivery fetched with its begin; :meth:`run` uses what the begin got, and a
@@ -219,13 +157,11 @@ class Pipeline:
         reason: str,
         started: float,
         code: DeadCode = DeadCode.UNRUNNABLE,
-    ) -> Settled:
+    ) -> Ending:
         reason = storable(reason)
         error = ErrorInfo(type="Unrunnable", message=reason)
-        self.backend.bury(
-            inflight.guard, self._closing(inflight, started), code=code, reason=reason, error=error
-        )
-        return Settled(Outcome.DEAD, reason, error=error)
+        closing = self._closing(inflight, started)
+        return Ending(inflight.guard, closing, Outcome.DEAD, code=code, reason=reason, error=error)
 
     def _arguments(self, delivery: Delivery, task: Task) -> dict[str, Any] | str:
         """The job's arguments, or why they cannot be (whatever shape the stored payload has)."""
@@ -238,7 +174,7 @@ class Pipeline:
             return f"payload does not match the handler's arguments: {exc}"
         return arguments
 
-    def _run(self, inflight: InFlight, started: float) -> Settled:
+    def _run(self, inflight: InFlight, started: float) -> Ending:
         delivery = inflight.delivery
         task = self.tasks.get(delivery.task)
         if task is None:
@@ -252,7 +188,7 @@ class Pipeline:
         stored_steps: dict[str, Any] = {}
         begun = inflight.begun  # taken in the fetch's transaction, already held
         if begun is None:
-            request = self.begin_request(delivery, task)
+            request = begin_request(delivery, task.delivery_rules(), self.worker_id)
             if request is not None:
                 begun = self.backend.begin(inflight.guard, request)
                 _hold(inflight, begun, request)
@@ -262,12 +198,10 @@ class Pipeline:
                 return self._defer(inflight, task, started, reason)
             operation = begun.operation
             if operation is not None and operation.status == OperationStatus.COMPLETED:
-                ack = FinishRequest(
-                    inflight.guard,
-                    self._closing(inflight, started),
-                    outcome=Outcome.ALREADY_PROCESSED,
+                closing = self._closing(inflight, started)
+                return Ending(
+                    inflight.guard, closing, Outcome.ALREADY_PROCESSED, reason="already processed"
                 )
-                return Settled(Outcome.ALREADY_PROCESSED, "already processed", ack=ack)
             if operation is not None:
                 stored_steps = operation.steps
 
@@ -280,8 +214,8 @@ class Pipeline:
         arguments: dict[str, Any],
         stored_steps: dict[str, Any],
         started: float,
-    ) -> Settled:
-        """Run the handler with its context; return the pending finish or the failure."""
+    ) -> Ending:
+        """Run the handler with its context; return its success or its failure."""
         ctx = Context(
             backend=self.backend,
             inflight=inflight,
@@ -294,7 +228,9 @@ class Pipeline:
             value = self._call(task, ctx, arguments)
         except GuardLost:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            # sys.exit() or argparse in a handler ends that job as a failure (retried or buried
+            # by its rules), never the handler thread: the slot keeps working.
             return self._failed(inflight, task, ctx, exc, started)
         try:
             if too_deep(value):
@@ -304,14 +240,14 @@ class Pipeline:
             # A programming error that every rerun repeats: never retry it (its steps are kept).
             unjsonable = Fatal(f"the handler returned a value that is not JSON: {exc}")
             return self._failed(inflight, task, ctx, unjsonable, started)
-        ack = FinishRequest(
+        return Ending(
             inflight.guard,
             self._closing(inflight, started, ctx),
+            Outcome.COMPLETED,
             operation_key=inflight.delivery.operation_key,
             result_json=result_json,
             external_ref=ctx.external_ref,
         )
-        return Settled(Outcome.COMPLETED, ack=ack)
 
     def _call(self, task: Task, ctx: Context, arguments: dict[str, Any]) -> Any:
         """Run the handler; a coroutine (an async handler's) is awaited on the worker's loop."""
@@ -323,7 +259,7 @@ class Pipeline:
             value = self.run_async(value)
         return value
 
-    def _defer(self, inflight: InFlight, task: Task, started: float, reason: str) -> Settled:
+    def _defer(self, inflight: InFlight, task: Task, started: float, reason: str) -> Ending:
         delivery = inflight.delivery
         waited_s = self.backend.now() - delivery.created_at  # both on the store clock
         if waited_s > task.max_defer_s:
@@ -333,15 +269,23 @@ class Pipeline:
                 started,
                 DeadCode.WAITED,
             )
-        delay = deferral_delay_s(delivery.deferrals, self.rng)
-        self.backend.defer(
-            inflight.guard, self._closing(inflight, started), delay_s=delay, reason=reason
+        return Ending(
+            inflight.guard,
+            self._closing(inflight, started),
+            Outcome.DEFERRED,
+            delay_s=deferral_delay_s(delivery.deferrals, self.rng),
+            reason=reason,
+            error=ErrorInfo(type="ResourceBusy", message=reason),
         )
-        return Settled(Outcome.DEFERRED, reason)
 
     def _failed(
-        self, inflight: InFlight, task: Task, ctx: Context, exc: Exception, started: float
-    ) -> Settled:
+        self,
+        inflight: InFlight,
+        task: Task,
+        ctx: Context,
+        exc: BaseException,
+        started: float,
+    ) -> Ending:
         delivery = inflight.delivery
         signature = error_signature(exc)
         same = delivery.same_error_count + 1 if signature == delivery.error_signature else 1
@@ -361,40 +305,47 @@ class Pipeline:
         )
         closing = self._closing(inflight, started, ctx)
         if decision.verdict is Verdict.RETRY:
-            self.backend.retry(
+            return Ending(
                 inflight.guard,
                 closing,
+                Outcome.RETRY,
                 delay_s=decision.delay_s,
+                reason=decision.reason,
                 error=error,
                 operation_key=delivery.operation_key,
             )
-            return Settled(Outcome.RETRY, decision.reason, error=error)
-        self.backend.bury(
+        return Ending(
             inflight.guard,
             closing,
+            Outcome.DEAD,
             code=decision.code or DeadCode.FATAL,
             reason=decision.reason,
             error=error,
             operation_key=delivery.operation_key,
         )
-        return Settled(Outcome.DEAD, decision.reason, error=error)
 
-    def _refused(self, inflight: InFlight, exc: GuardLost, closing: Closing) -> Settled:
-        """A write was refused: this delivery is stale. Record it; never ack."""
+    def refused(self, inflight: InFlight, exc: GuardLost, closing: Closing) -> Ending:
+        """A write was refused: this delivery is stale. It ends as refused, never done.
+
+        Only the lock may be lost (a stale fence) while the lease is still ours: then the
+        ending also hands the job back uncharged, so it runs again under a fresh lock, and the
+        stale work is discarded.
+        """
         reason = describe(exc)
-        if isinstance(exc, StaleFenceError):
-            # The lease may still be ours (only the lock was lost): hand the job back uncharged
-            # so it runs again under a fresh lock; the stale work is discarded.
-            with contextlib.suppress(LeaseLostError):
-                self.backend.defer(
-                    inflight.guard, closing, delay_s=deferral_delay_s(0, self.rng), reason=reason
-                )
-            outcome = Outcome.FENCE_REFUSED
-        else:
-            outcome = Outcome.LEASE_REFUSED
         inflight.mark_lost(reason)
-        self.backend.record_refusal(inflight.guard, outcome, closing, reason)
-        return Settled(outcome, reason, error=ErrorInfo(type(exc).__name__, reason))
+        error = ErrorInfo(type(exc).__name__, reason)
+        if isinstance(exc, StaleFenceError):
+            delay_s = deferral_delay_s(0, self.rng)
+            return Ending(
+                inflight.guard, closing, Outcome.FENCE_REFUSED, delay_s, reason=reason, error=error
+            )
+        return Ending(inflight.guard, closing, Outcome.LEASE_REFUSED, reason=reason, error=error)
+
+
+def lost(inflight: InFlight, closing: Closing, reason: str) -> Ending:
+    """A delivery whose ending cannot be written (the store failed): left to its lease."""
+    inflight.closing = True
+    return Ending(inflight.guard, closing, Outcome.LOST, reason=reason)
 
 
 def _traceback_text(exc: BaseException) -> str:

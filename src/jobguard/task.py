@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jobguard.backends.base import DeliveryRules
 from jobguard.core import checks
 from jobguard.core.jsonvalues import MAX_NESTING, too_deep
 from jobguard.core.keys import check_key, render_key, template_fields
@@ -214,6 +215,10 @@ class Task:
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue}>"
+
+    def delivery_rules(self) -> DeliveryRules:
+        """What this definition gives each delivery: lease, attempt limit, lock length."""
+        return DeliveryRules(self.visibility_timeout_s, self.policy.max_attempts, self.lock_ttl_s)
 
     def options(
         self,

@@ -1,9 +1,10 @@
 """The worker: fetch with leases, run deliveries on threads, heartbeat, shut down gracefully.
 
 One fetch thread (the caller of :meth:`Worker.run`) keeps a small local buffer of leased jobs
-(``concurrency + prefetch``), ``concurrency`` handler threads run them through the pipeline, an
-acker thread writes the finishes of successful runs in batches (one durable commit for many
-jobs), and the heartbeat thread extends every lease held, buffered and unacked ones included.
+(``concurrency + prefetch``), ``concurrency`` handler threads run them through the pipeline,
+the settler thread (:mod:`jobguard.settler`) writes how each delivery ended in batches (one
+durable commit for many deliveries, whatever their endings), and the heartbeat thread extends
+every lease held, buffered and unsettled ones included.
 
 On SIGTERM or SIGINT (or :meth:`Worker.stop`): no new fetches; buffered jobs are released at
 once; running jobs get ``grace_s`` to finish; what still runs then is released without charging
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from jobguard.aio import EventLoopThread
-from jobguard.backends.base import DeliveryRules, Prepared
+from jobguard.backends.base import Closing, Ending, Prepared
 from jobguard.context import InFlight
 from jobguard.core import checks
 from jobguard.core.retry import full_jitter_s
@@ -41,9 +42,10 @@ from jobguard.exceptions import (
 )
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Outcome
-from jobguard.pipeline import Pipeline, Settled
+from jobguard.pipeline import Pipeline, lost
 from jobguard.process import on_stop_signals
 from jobguard.scheduler import Scheduler
+from jobguard.settler import Settler
 from jobguard.task import check_queue_name
 
 if TYPE_CHECKING:
@@ -82,7 +84,6 @@ class WorkerHost(Protocol):
 log = logging.getLogger("jobguard.worker")
 
 _STOP = object()
-ACK_BATCH_MAX = 512
 RECONNECT_CAP_S = 5.0
 PRUNE_EVERY_MIN_S = 0.1
 PRUNE_EVERY_MAX_S = 60.0
@@ -167,20 +168,20 @@ class Worker:
         self._inflight_lock = threading.Lock()
         self._slot_freed = threading.Condition(self._inflight_lock)
         self._buffer: queue_module.Queue[InFlight | object] = queue_module.Queue()
-        # Successful deliveries whose finish is still to be written, acked in batches.
-        self._acks: queue_module.Queue[tuple[InFlight, Settled] | object] = queue_module.Queue()
+        # Deliveries whose handler is done and whose ending waits in the settler's batch: they
+        # hold no handler thread.
         self._finishing = 0
-        self._acker = threading.Thread(target=self._ack_loop, name="jobguard-acker", daemon=True)
         self._stopping = threading.Event()
         self._loop = EventLoopThread()
         self._pipeline = Pipeline(
             app.backend, app.tasks, self.worker_id, app.hooks, run_async=self._loop.run
         )
-        # This worker's own task definitions decide each delivery's lease and attempt limit.
-        self._rules = {
-            name: DeliveryRules(task.visibility_timeout_s, task.policy.max_attempts)
-            for name, task in app.tasks.items()
-        }
+        self._settler = Settler(
+            app.backend, self._pipeline, app.hooks, counted=self.stats.count, done=self._done
+        )
+        # This worker's own task definitions decide each delivery's lease, attempt limit and
+        # lock length.
+        self._rules = {name: task.delivery_rules() for name, task in app.tasks.items()}
         # Why the worker stopped taking work on its own, if it did (read it after run()).
         self.failure: StoreBrokenError | WorkerFailedError | None = None
         self._rng = random.Random()
@@ -220,7 +221,7 @@ class Worker:
         ]
         for thread in threads:
             thread.start()
-        self._acker.start()
+        self._settler.start()
         if self.retention_s is not None:
             threading.Thread(
                 target=self._prune_loop, name="jobguard-retention", daemon=True
@@ -270,18 +271,21 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             with self._slot_freed:
-                # Deliveries waiting only for their batched ack hold no handler thread.
+                # Deliveries waiting only for their batched ending hold no handler thread.
                 while (
                     len(self._inflight) - self._finishing > refill_at
                     and not self._stopping.is_set()
                 ):
                     self._slot_freed.wait(self.poll_interval_s)
                 room = limit - (len(self._inflight) - self._finishing)
+                # Read before the fetch: with nothing in flight then, every ending was written
+                # before the fetch looked, so an empty fetch means nothing is left (burst).
+                idle = not self._inflight
             if self._stopping.is_set():
                 return
             try:
                 deliveries = self.app.backend.fetch_prepared(
-                    self.queues, room, self.worker_id, self._rules, self._pipeline.request_for
+                    self.queues, room, self.worker_id, self._rules
                 )
             except StoreBrokenError as exc:
                 self._fail(exc)
@@ -301,8 +305,6 @@ class Worker:
             if deliveries:
                 self._accept(deliveries)
                 continue
-            with self._inflight_lock:
-                idle = not self._inflight
             if burst and idle:
                 return
             # Nothing ready: sleep until an enqueue wakes us, polling as the fallback (delayed
@@ -364,60 +366,21 @@ class Worker:
                 continue
             item.started = True
             try:
-                settled = self._pipeline.run(item)
-            except JobGuardError as exc:
-                # The store failed mid-delivery: the lease expires and the job is redelivered.
-                self.app.hooks.store_error("pipeline", exc)
-                log.warning(
-                    "job %s: store error, leaving it to its lease: %s", item.delivery.job_id, exc
-                )
-                self._done(item)
-                continue
-            except Exception:
+                ending = self._pipeline.run(item)
+            except BaseException:
+                # A bug of the pipeline (never a handler's error, which is the job's): the
+                # slot keeps working, and the lease expires so the job is redelivered.
                 log.exception("job %s: unexpected error in the pipeline", item.delivery.job_id)
-                self._done(item)
-                continue
-            if settled.ack is None:
-                self.stats.count(settled.outcome)
-                self._done(item)
-                continue
+                ending = lost(item, Closing(0.0), "unexpected error in the pipeline")
+            if ending.outcome is Outcome.LOST:
+                log.warning(
+                    "job %s: %s; leaving it to its lease", item.delivery.job_id, ending.reason
+                )
             with self._slot_freed:
                 item.finishing = True
                 self._finishing += 1
                 self._slot_freed.notify_all()
-            self._acks.put((item, settled))
-
-    def _ack_loop(self) -> None:
-        """Write pending finishes in batches: one durable commit acks many jobs."""
-        stopping = False
-        while not stopping:
-            first = self._acks.get()
-            if first is _STOP:
-                return
-            batch = [first]
-            while len(batch) < ACK_BATCH_MAX:
-                try:
-                    following = self._acks.get_nowait()
-                except queue_module.Empty:
-                    break
-                if following is _STOP:
-                    stopping = True
-                    break
-                batch.append(following)
-            pending = [entry for entry in batch if isinstance(entry, tuple)]
-            try:
-                for final in self._pipeline.complete(pending):
-                    self.stats.count(final.outcome)
-            except JobGuardError as exc:
-                # Not acked: the leases expire and the jobs are redelivered (at least once).
-                self.app.hooks.store_error("ack", exc)
-                log.warning(
-                    "could not ack %d jobs, leaving them to their leases: %s", len(pending), exc
-                )
-            except Exception:
-                log.exception("unexpected error while acking %d jobs", len(pending))
-            for item, _ in pending:
-                self._done(item)
+            self._settler.put(item, ending)
 
     def _done(self, item: InFlight) -> None:
         with self._slot_freed:
@@ -444,10 +407,9 @@ class Worker:
                 if not running or time.monotonic() >= deadline:
                     break
                 self._slot_freed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-        # Write the acks of work already done before handing anything back: a released job
+        # Write the endings of work already done before handing anything back: a released job
         # would run again.
-        self._acks.put(_STOP)
-        self._acker.join(timeout=max(5.0, self.grace_s))
+        self._settler.stop(timeout_s=max(5.0, self.grace_s))
         with self._slot_freed:
             leftovers = list(self._inflight.values())
             self._inflight.clear()
@@ -457,8 +419,19 @@ class Worker:
         if leftovers:
             for item in leftovers:
                 item.mark_lost("released at shutdown")
+            releases = [
+                Ending(
+                    item.guard,
+                    Closing(0.0),
+                    Outcome.RELEASED,
+                    operation_key=item.delivery.operation_key,
+                )
+                for item in leftovers
+            ]
             try:
-                self.stats.released = self.app.backend.release([item.guard for item in leftovers])
+                refused = self.app.backend.settle(releases)
+                # Stale ones are skipped: their jobs already belong to someone else.
+                self.stats.released = sum(refusal is None for refusal in refused)
             except JobGuardError as exc:
                 self.app.hooks.store_error("release", exc)
                 log.warning("could not release %d leases at shutdown: %s", len(leftovers), exc)

@@ -10,7 +10,16 @@ from typing import Any
 from jobguard.backends.base import Backend, Closing, ErrorInfo
 from jobguard.models import Guard, JobSpec, Outcome
 from jobguard.testing import ControlledClock
-from tests.support.ports import begin_operation, fetch, fetch_one, finish, guard_of
+from tests.support.ports import (
+    begin_operation,
+    defer,
+    fetch,
+    fetch_one,
+    finish,
+    guard_of,
+    release,
+    retry,
+)
 
 
 def make_spec(**changes: Any) -> JobSpec:
@@ -75,7 +84,7 @@ def test_a_failed_attempt_records_error_type_message_and_traceback(backend: Back
         message="reset by peer",
         traceback="Traceback (most recent call last)",
     )
-    backend.retry(guard_of(fetch_one(backend)), Closing(0.5), delay_s=0.0, error=error)
+    retry(backend, guard_of(fetch_one(backend)), Closing(0.5), delay_s=0.0, error=error)
     (row,) = backend.attempts(job_id=job.id)
     assert (row.outcome, row.error_type, row.error_message, row.traceback) == (
         Outcome.RETRY,
@@ -93,11 +102,11 @@ def test_every_delivery_gets_its_own_row_whatever_its_outcome(
     row with its own lease token; deferral and release do not advance the attempt number."""
     job = backend.enqueue(make_spec())
     error = ErrorInfo(type="TimeoutError", message="slow")
-    backend.retry(guard_of(fetch_one(backend)), Closing(0.1), delay_s=0.0, error=error)
+    retry(backend, guard_of(fetch_one(backend)), Closing(0.1), delay_s=0.0, error=error)
     fetch_one(backend)
     clock.advance(10.0)  # that delivery's worker died: the lease expires
-    backend.defer(guard_of(fetch_one(backend)), Closing(0.1), delay_s=0.0, reason="busy")
-    backend.release([guard_of(fetch_one(backend))])
+    defer(backend, guard_of(fetch_one(backend)), Closing(0.1), delay_s=0.0, reason="busy")
+    release(backend, [guard_of(fetch_one(backend))])
     final = fetch_one(backend)
     finish(backend, guard_of(final), Closing(0.1))
     rows = backend.attempts(job_id=job.id)

@@ -25,7 +25,7 @@ from jobguard.backends.base import Backend, BeginRequest, Begun, Closing
 from jobguard.models import Guard, JobSpec, Operation
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import BACKENDS
-from tests.support.ports import fetch, finish, keyed_spec, request_for
+from tests.support.ports import fetch, finish, keyed_spec, request_for, rules_for
 
 RESOURCES = st.sampled_from([None, "dock:1", "dock:2"])
 KEYS = st.sampled_from([None, "op:a", "op:b", "op:c"])
@@ -128,7 +128,7 @@ def test_a_batch_begin_decides_as_beginning_one_by_one(
             for resource, key in jobs:
                 backend.enqueue(keyed_spec("batch", resource, key, lease_s=10.0))
             if batched:
-                prepared = backend.fetch_prepared(["batch"], 10, "w", None, request_for)
+                prepared = backend.fetch_prepared(["batch"], 10, "w", rules_for("tests.keyed"))
                 begun = {p.delivery.job_id: p.begun for p in prepared}
             else:
                 deliveries = fetch(backend, ["batch"], 10, "w")

@@ -10,7 +10,7 @@ from typing import Any
 from jobguard.backends.base import Backend, Closing, ErrorInfo
 from jobguard.models import DeadCode, JobSpec, JobStatus, Outcome
 from jobguard.testing import ControlledClock
-from tests.support.ports import fetch_one, finish, guard_of
+from tests.support.ports import bury, fetch_one, finish, guard_of
 
 
 def make_spec(**changes: Any) -> JobSpec:
@@ -29,7 +29,8 @@ def make_spec(**changes: Any) -> JobSpec:
 def bury_one(backend: Backend, queue: str) -> int:
     """Fetch the next job of ``queue`` and bury it; return its id."""
     delivery = fetch_one(backend, queues=[queue])
-    backend.bury(
+    bury(
+        backend,
         guard_of(delivery),
         Closing(0.01),
         code=DeadCode.FATAL,

@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
-from jobguard.backends.base import Backend, BeginRequest, Begun, Closing, ErrorInfo
+from jobguard.backends.base import Backend, BeginRequest, Begun, Closing, DeliveryRules, ErrorInfo
 from jobguard.exceptions import GuardLost, LeaseLostError, StaleFenceError, StepSQLError
 from jobguard.models import (
     BusyReason,
     DeadCode,
-    Delivery,
     Guard,
     JobSpec,
     JobStatus,
@@ -29,7 +28,7 @@ from jobguard.models import (
 )
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import business_table
-from tests.support.ports import begin_operation, fetch, finish, guard_of
+from tests.support.ports import begin_operation, bury, fetch, finish, guard_of, release, retry
 
 CLOSING = Closing(duration_s=0.1)
 ERROR = ErrorInfo(type="ConnectionError", message="reset")
@@ -263,7 +262,7 @@ def test_retry_gives_up_the_claim_but_keeps_the_operation_processing(backend: Ba
     first = deliver(backend)
     begin_operation(backend, first, KEY, None)
     backend.put_step(first, KEY, "cut-stock", '{"left": 9}')
-    backend.retry(first, CLOSING, delay_s=0.0, error=ERROR, operation_key=KEY)
+    retry(backend, first, CLOSING, delay_s=0.0, error=ERROR, operation_key=KEY)
     operation = backend.get_operation(KEY)
     assert operation is not None
     assert (operation.status, operation.last_error) == (
@@ -280,7 +279,8 @@ def test_bury_marks_the_operation_failed(backend: Backend) -> None:
     """G4.2, G8.1: a dead job's operation records ``failed`` with the reason."""
     guard = deliver(backend)
     begin_operation(backend, guard, KEY, None)
-    backend.bury(
+    bury(
+        backend,
         guard,
         CLOSING,
         code=DeadCode.FATAL,
@@ -300,7 +300,7 @@ def test_release_drops_the_claim_so_the_next_delivery_can_take_it(backend: Backe
     """Invariant 9: a released delivery does not block its operation for the next worker."""
     first = deliver(backend)
     begin_operation(backend, first, KEY, None)
-    assert backend.release([first]) == 1
+    assert release(backend, [first], [KEY]) == 1
     second = guard_of(fetch(backend, ["default"], 1, "w2")[0])
     assert begin_operation(backend, second, KEY, None) is not None
 
@@ -572,37 +572,38 @@ def test_begin_with_a_stale_lease_is_refused_and_takes_no_lock(
 
 
 def test_fetch_prepared_begins_each_fetched_delivery_in_lock_order(backend: Backend) -> None:
-    """Port contract: each delivery gets what ``begin`` asked for, in the fetch's transaction;
-    a later item of the batch finds the lock an earlier one took busy, and nothing is kept for
-    it; a delivery asking for nothing is fetched unbegun."""
+    """Port contract: each delivery of a task in the rules gets its lock (an owner token of
+    its own, the rule's length) and its claim, in the fetch's transaction; a later item of the
+    batch finds the lock an earlier one took busy, and nothing is kept for it; a delivery asking
+    for nothing, or of a task the rules do not name, is fetched unbegun."""
     plain = backend.enqueue(make_spec(operation_key=None))
     fresh = backend.enqueue(make_spec(operation_key="op:fresh", resource_key="r:shared"))
     busy = backend.enqueue(make_spec(operation_key="op:busy", resource_key="r:shared"))
-    owners = {fresh.id: "w1/a", busy.id: "w1/b"}
-
-    def begin(delivery: Delivery) -> BeginRequest | None:
-        if delivery.operation_key is None:
-            return None
-        return request(
-            resource_key=delivery.resource_key,
-            operation_key=delivery.operation_key,
-            lock_owner=owners[delivery.job_id],
-        )
+    stranger = backend.enqueue(
+        replace(make_spec(operation_key="op:stranger", resource_key="r:x"), task="tests.other")
+    )
+    rules = {make_spec().task: DeliveryRules(None, 3, lock_ttl_s=12.0)}
 
     prepared = {
-        item.delivery.job_id: item
-        for item in backend.fetch_prepared(["default"], 10, "w1", None, begin)
+        item.delivery.job_id: item for item in backend.fetch_prepared(["default"], 10, "w1", rules)
     }
-    assert set(prepared) == {plain.id, fresh.id, busy.id}
+    assert set(prepared) == {plain.id, fresh.id, busy.id, stranger.id}
     assert prepared[plain.id].request is None
     assert prepared[plain.id].begun is None
+    assert prepared[stranger.id].begun is None
+    assert backend.lock_fence("r:x") == 0
     got = prepared[fresh.id].begun
     assert got is not None
     assert got.busy is None
     assert got.grant is not None
-    assert got.grant.owner == "w1/a"
+    assert got.grant.owner.startswith("w1/")
+    assert got.grant.expires_at == pytest.approx(backend.now() + 12.0, abs=1.0)
     assert got.operation is not None
     assert prepared[busy.id].begun == Begun(busy=BusyReason.LOCK)
+    asked = prepared[busy.id].request
+    assert asked is not None
+    assert asked.lock_owner.startswith("w1/")
+    assert asked.lock_owner != got.grant.owner
     assert backend.lock_fence("r:shared") == got.grant.fence == 1
     assert backend.get_operation("op:busy") is None
     assert stored(backend, "op:fresh").status == OperationStatus.PROCESSING
@@ -615,32 +616,6 @@ def test_fetch_prepared_begins_each_fetched_delivery_in_lock_order(backend: Back
     )
     backend.put_step(guard, "op:fresh", "one", "1")
     assert stored(backend, "op:fresh").steps == {"one": 1}
-
-
-def test_fetch_prepared_leaves_an_item_whose_begin_fails_unbegun_and_begins_the_rest(
-    backend: Backend,
-) -> None:
-    """One delivery's failing begin does not cost the others theirs, nor the batch its leases."""
-    first = backend.enqueue(make_spec(operation_key="op:first", resource_key="r:first"))
-    failing = backend.enqueue(make_spec(operation_key="op:failing", resource_key="r:failing"))
-
-    def begin(delivery: Delivery) -> BeginRequest | None:
-        if delivery.job_id == failing.id:
-            raise RuntimeError("cannot say what this delivery needs")
-        return request(resource_key=delivery.resource_key, operation_key=delivery.operation_key)
-
-    prepared = {
-        item.delivery.job_id: item
-        for item in backend.fetch_prepared(["default"], 10, "w1", None, begin)
-    }
-    assert set(prepared) == {first.id, failing.id}
-    assert prepared[failing.id].begun is None
-    got = prepared[first.id].begun
-    assert got is not None
-    assert got.grant is not None
-    assert got.operation is not None
-    assert backend.get_job(failing.id).status == JobStatus.RUNNING  # leased all the same
-    assert backend.lock_fence("r:failing") == 0
 
 
 def test_an_error_of_the_steps_own_sql_reaches_the_handler_as_step_sql_error(

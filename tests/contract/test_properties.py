@@ -34,14 +34,26 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobguard.backends.base import Backend, Closing, ErrorInfo, FinishRequest
+from jobguard.backends.base import Backend, Closing, Ending, ErrorInfo
 from jobguard.core import fencing
 from jobguard.core.states import Event, next_status
 from jobguard.exceptions import LeaseLostError, NotFoundError
 from jobguard.models import DeadCode, Delivery, Guard, JobSpec, JobStatus, LockGrant, Outcome
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import BACKENDS
-from tests.support.ports import fetch, finish
+from tests.support.ports import (
+    bury,
+    burying,
+    defer,
+    deferring,
+    fetch,
+    finish,
+    release,
+    releasing,
+    retry,
+    retrying,
+    success,
+)
 
 MACHINE_SETTINGS = settings(
     max_examples=100,
@@ -176,6 +188,8 @@ ERROR = ErrorInfo(type="RuntimeError", message="boom")
 DELAYS_S = st.sampled_from([0.0, 1.0, 4.0])
 PICK = st.integers(min_value=0, max_value=1_000)
 KINDS = st.sampled_from(["current", "superseded", "settled"])
+# The writes that end a delivery, all of which one settle may mix.
+SETTLING = (Event.FINISH, Event.RETRY, Event.DEFER, Event.BURY, Event.RELEASE)
 
 
 @dataclass
@@ -262,15 +276,15 @@ class JobMachine(StoreMachine):
         """Carry out one settling write; ``release`` returns how many leases it released."""
         backend = self.backend
         if event is Event.RELEASE:
-            return backend.release([guard])
+            return release(backend, [guard])
         if event is Event.FINISH:
             finish(backend, guard, CLOSING)
         elif event is Event.RETRY:
-            backend.retry(guard, CLOSING, delay_s=delay_s, error=ERROR)
+            retry(backend, guard, CLOSING, delay_s=delay_s, error=ERROR)
         elif event is Event.DEFER:
-            backend.defer(guard, CLOSING, delay_s=delay_s, reason="busy")
+            defer(backend, guard, CLOSING, delay_s=delay_s, reason="busy")
         else:
-            backend.bury(guard, CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR)
+            bury(backend, guard, CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR)
         return None
 
     def _kind(self, delivery: Delivery) -> str:
@@ -302,6 +316,10 @@ class JobMachine(StoreMachine):
         result = self._write(event, guard, delay_s)
         if event is Event.RELEASE:
             assert result == 1
+        self._apply(job, event, delay_s)
+
+    def _apply(self, job: ModelJob, event: Event, delay_s: float) -> None:
+        """What a settling write of a current delivery does to the model of its job."""
         job.status = next_status(job.status, event)
         job.lease_token = None
         if event in (Event.DEFER, Event.RELEASE):
@@ -310,6 +328,19 @@ class JobMachine(StoreMachine):
             job.available_at = self.clock() + delay_s
         elif event is Event.RELEASE:
             job.available_at = self.clock()
+
+    @staticmethod
+    def _ending(event: Event, guard: Guard, delay_s: float) -> Ending:
+        """The ending a worker settles for ``event`` (as the pipeline builds it)."""
+        if event is Event.FINISH:
+            return success(guard, CLOSING)
+        if event is Event.RETRY:
+            return retrying(guard, CLOSING, delay_s=delay_s, error=ERROR)
+        if event is Event.DEFER:
+            return deferring(guard, CLOSING, delay_s=delay_s, reason="busy")
+        if event is Event.RELEASE:
+            return releasing(guard)
+        return burying(guard, CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR)
 
     def _superseded(self) -> list[Delivery]:
         return [d for d in self.issued if self._kind(d) == "superseded"]
@@ -327,31 +358,40 @@ class JobMachine(StoreMachine):
             assert self._snapshot(delivery.job_id) == before
 
     @precondition(lambda self: len(self.issued) >= 2)
-    @rule(picks=st.lists(PICK, min_size=2, max_size=4, unique=True))
-    def finish_a_batch(self, picks: list[int]) -> None:
-        """One batch of acks mixing current and stale leases (the worker's ack thread): each
-        item is acked or refused on its own, and a refused one changes nothing."""
+    @rule(
+        picks=st.lists(PICK, min_size=2, max_size=5, unique=True),
+        events=st.lists(st.sampled_from(list(SETTLING)), min_size=5, max_size=5),
+        delay_s=DELAYS_S,
+    )
+    def settle_a_batch(self, picks: list[int], events: list[Event], delay_s: float) -> None:
+        """One settle mixing successes, retries, deferrals, burials and releases of current and
+        stale leases (the worker's settler): each item is written or refused on its own, and a
+        refused one changes nothing."""
         chosen = list(
             {id(d): d for d in (self.issued[p % len(self.issued)] for p in picks)}.values()
         )
         kinds = [self._kind(d) for d in chosen]
-        finished_jobs = {d.job_id for d, k in zip(chosen, kinds, strict=True) if k == "current"}
+        moved_jobs = {d.job_id for d, k in zip(chosen, kinds, strict=True) if k == "current"}
         before = {d.job_id: self._snapshot(d.job_id) for d in chosen}
-        requests = [
-            FinishRequest(Guard(d.job_id, d.lease_token, d.attempt_id), CLOSING, Outcome.COMPLETED)
-            for d in chosen
+        decided: list[Event] = []
+        for delivery, kind, drawn in zip(chosen, kinds, events, strict=False):
+            job = self.model[delivery.job_id]
+            spent = kind == "current" and job.attempts >= job.max_attempts
+            # As the pipeline decides: a spent job is buried, not retried.
+            decided.append(Event.BURY if drawn is Event.RETRY and spent else drawn)
+        endings = [
+            self._ending(event, Guard(d.job_id, d.lease_token, d.attempt_id), delay_s)
+            for d, event in zip(chosen, decided, strict=True)
         ]
-        refusals = self.backend.finish_many(requests)
-        for delivery, kind, refusal in zip(chosen, kinds, refusals, strict=True):
+        refusals = self.backend.settle(endings)
+        for delivery, kind, event, refusal in zip(chosen, kinds, decided, refusals, strict=True):
             if kind != "current":
                 assert isinstance(refusal, LeaseLostError)
-                if delivery.job_id not in finished_jobs:
+                if delivery.job_id not in moved_jobs:
                     assert self._snapshot(delivery.job_id) == before[delivery.job_id]
                 continue
             assert refusal is None
-            job = self.model[delivery.job_id]
-            job.status = next_status(job.status, Event.FINISH)
-            job.lease_token = None
+            self._apply(self.model[delivery.job_id], event, delay_s)
 
     # One rule per event, so each gets its own share of the steps.
 

@@ -13,11 +13,9 @@ import pytest
 
 from jobguard.backends.base import (
     Backend,
-    BeginRequest,
     Closing,
     DeliveryRules,
     ErrorInfo,
-    FinishRequest,
     Renewal,
 )
 from jobguard.exceptions import (
@@ -29,7 +27,20 @@ from jobguard.exceptions import (
 )
 from jobguard.models import DeadCode, Guard, Job, JobSpec, JobStatus, OperationStatus, Outcome
 from jobguard.testing import ControlledClock
-from tests.support.ports import begin_operation, fetch, fetch_one, finish, guard_of
+from tests.support.ports import (
+    begin_operation,
+    bury,
+    defer,
+    fetch,
+    fetch_one,
+    finish,
+    guard_of,
+    locked_delivery,
+    record_refusal,
+    release,
+    retry,
+    success,
+)
 
 CLOSING = Closing(duration_s=0.25)
 ERROR = ErrorInfo(type="TimeoutError", message="upstream slow", traceback="tb", signature="s1")
@@ -129,8 +140,13 @@ def test_dedup_window_holds_the_key_for_n_seconds_after_completion_then_frees_it
 def test_a_dead_job_does_not_hold_its_dedup_key(backend: Backend) -> None:
     """G6.2: a job in the dead letter queue is not a live duplicate; a new enqueue is stored."""
     first = backend.enqueue(make_spec(dedup_key="k", dedup_window_s=600.0))
-    backend.bury(
-        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR
+    bury(
+        backend,
+        guard_of(fetch_one(backend)),
+        CLOSING,
+        code=DeadCode.FATAL,
+        reason="fatal",
+        error=ERROR,
     )
     second = backend.enqueue(make_spec(dedup_key="k", dedup_window_s=600.0))
     assert second.id != first.id
@@ -317,10 +333,10 @@ StaleWrite = Callable[[Backend, Guard], object]
 
 STALE_WRITES: dict[str, StaleWrite] = {
     "finish": lambda b, g: finish(b, g, CLOSING, operation_key="op", result_json="1"),
-    "retry": lambda b, g: b.retry(g, CLOSING, delay_s=1.0, error=ERROR, operation_key="op"),
-    "defer": lambda b, g: b.defer(g, CLOSING, delay_s=1.0, reason="busy"),
-    "bury": lambda b, g: b.bury(
-        g, CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR, operation_key="op"
+    "retry": lambda b, g: retry(b, g, CLOSING, delay_s=1.0, error=ERROR, operation_key="op"),
+    "defer": lambda b, g: defer(b, g, CLOSING, delay_s=1.0, reason="busy"),
+    "bury": lambda b, g: bury(
+        b, g, CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR, operation_key="op"
     ),
 }
 
@@ -365,7 +381,7 @@ def test_release_skips_a_stale_lease_and_changes_nothing(
     clock.advance(10.0)
     fetch_one(backend)
     before = snapshot(backend, job.id)
-    assert backend.release([guard_of(stale)]) == 0
+    assert release(backend, [guard_of(stale)]) == 0
     assert snapshot(backend, job.id) == before
 
 
@@ -392,7 +408,7 @@ def test_retry_requeues_after_the_delay_with_the_attempt_still_charged(
 ) -> None:
     """G7.2: a retry waits ``delay_s``, keeps the charged attempt and records the error."""
     job = backend.enqueue(make_spec())
-    backend.retry(guard_of(fetch_one(backend)), CLOSING, delay_s=5.0, error=ERROR)
+    retry(backend, guard_of(fetch_one(backend)), CLOSING, delay_s=5.0, error=ERROR)
     queued = backend.get_job(job.id)
     assert (queued.status, queued.attempts, queued.run_at) == (JobStatus.QUEUED, 1, clock() + 5.0)
     assert queued.last_error == "TimeoutError: upstream slow"
@@ -412,7 +428,7 @@ def test_retry_hands_the_error_signature_to_the_next_delivery(backend: Backend) 
     """G8.2: poison detection needs the last error signature and its run length next time."""
     backend.enqueue(make_spec())
     poisoned = ErrorInfo(type="KeyError", message="x", signature="abc", same_count=2)
-    backend.retry(guard_of(fetch_one(backend)), CLOSING, delay_s=0.0, error=poisoned)
+    retry(backend, guard_of(fetch_one(backend)), CLOSING, delay_s=0.0, error=poisoned)
     again = fetch_one(backend)
     assert (again.error_signature, again.same_error_count) == ("abc", 2)
 
@@ -422,7 +438,7 @@ def test_defer_requeues_without_charging_the_attempt(
 ) -> None:
     """G3.4: a busy resource hands the attempt back and counts a deferral instead."""
     job = backend.enqueue(make_spec(max_attempts=1))
-    backend.defer(guard_of(fetch_one(backend)), CLOSING, delay_s=2.0, reason="resource busy")
+    defer(backend, guard_of(fetch_one(backend)), CLOSING, delay_s=2.0, reason="resource busy")
     queued = backend.get_job(job.id)
     assert (queued.status, queued.attempts, queued.deferrals) == (JobStatus.QUEUED, 0, 1)
     (row,) = backend.attempts(job_id=job.id)
@@ -436,7 +452,7 @@ def test_release_hands_leases_back_uncharged_and_ready_at_once(backend: Backend)
     """Invariant 9: graceful shutdown releases leases without charging attempts."""
     jobs = [backend.enqueue(make_spec(max_attempts=1)) for _ in range(2)]
     deliveries = fetch(backend, ["default"], 2, "w1")
-    assert backend.release([guard_of(d) for d in deliveries]) == 2
+    assert release(backend, [guard_of(d) for d in deliveries]) == 2
     for job in jobs:
         released = backend.get_job(job.id)
         assert (released.status, released.attempts) == (JobStatus.QUEUED, 0)
@@ -449,7 +465,8 @@ def test_bury_moves_the_job_to_the_dead_letter_queue_with_reason_and_error(
 ) -> None:
     """G8.1: a buried job keeps its payload, reason and error; its attempt closes as dead."""
     job = backend.enqueue(make_spec())
-    backend.bury(
+    bury(
+        backend,
         guard_of(fetch_one(backend)),
         CLOSING,
         code=DeadCode.FATAL,
@@ -478,7 +495,7 @@ def test_record_refusal_marks_the_stale_delivery_own_attempt_row(
     clock.advance(10.0)
     fetch_one(backend)
     job_before = backend.get_job(job.id)
-    backend.record_refusal(guard_of(stale), Outcome.LEASE_REFUSED, CLOSING, "lease is stale")
+    record_refusal(backend, guard_of(stale), Outcome.LEASE_REFUSED, CLOSING, "lease is stale")
     old, new = backend.attempts(job_id=job.id)
     assert (old.outcome, old.error_type, old.error_message) == (
         Outcome.LEASE_REFUSED,
@@ -499,8 +516,13 @@ def test_replay_keeps_id_payload_and_keys_and_resets_attempts(
     job = backend.enqueue(
         make_spec(operation_key="op:9", resource_key="res:9", lock_ttl_s=5.0, dedup_key="d:9")
     )
-    backend.bury(
-        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR
+    bury(
+        backend,
+        guard_of(fetch_one(backend)),
+        CLOSING,
+        code=DeadCode.FATAL,
+        reason="fatal",
+        error=ERROR,
     )
     clock.advance(100.0)
     replayed = backend.replay(job.id)
@@ -536,8 +558,13 @@ def test_purge_deletes_one_dead_job_or_all_of_them_with_their_attempts(
     dead = []
     for _ in range(3):
         job = backend.enqueue(make_spec())
-        backend.bury(
-            guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="fatal", error=ERROR
+        bury(
+            backend,
+            guard_of(fetch_one(backend)),
+            CLOSING,
+            code=DeadCode.FATAL,
+            reason="fatal",
+            error=ERROR,
         )
         dead.append(job)
     live = backend.enqueue(make_spec())
@@ -567,12 +594,22 @@ def test_list_count_and_dead_jobs_report_what_is_stored(
     """Port contract: newest first, filtered by status, counts for every state, DLQ order."""
     assert backend.count_jobs() == dict.fromkeys(JobStatus, 0)
     a, b, c, d = (backend.enqueue(make_spec()) for _ in range(4))
-    backend.bury(
-        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="first", error=None
+    bury(
+        backend,
+        guard_of(fetch_one(backend)),
+        CLOSING,
+        code=DeadCode.FATAL,
+        reason="first",
+        error=None,
     )  # a
     clock.advance(1.0)
-    backend.bury(
-        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="second", error=None
+    bury(
+        backend,
+        guard_of(fetch_one(backend)),
+        CLOSING,
+        code=DeadCode.FATAL,
+        reason="second",
+        error=None,
     )  # b
     finish(backend, guard_of(fetch_one(backend)), CLOSING)  # c
     assert backend.count_jobs() == {
@@ -617,11 +654,11 @@ def test_finish_many_acks_current_deliveries_and_refuses_stale_ones_without_writ
     assert redelivered.job_id == second.id
     before = snapshot(backend, second.id)
 
-    refusals = backend.finish_many(
+    refusals = backend.settle(
         [
-            FinishRequest(guard_of(deliveries[first.id]), CLOSING),
-            FinishRequest(guard_of(stale), CLOSING),
-            FinishRequest(guard_of(deliveries[third.id]), CLOSING, outcome=Outcome.COMPLETED),
+            success(guard_of(deliveries[first.id]), CLOSING),
+            success(guard_of(stale), CLOSING),
+            success(guard_of(deliveries[third.id]), CLOSING, outcome=Outcome.COMPLETED),
         ]
     )
 
@@ -631,7 +668,7 @@ def test_finish_many_acks_current_deliveries_and_refuses_stale_ones_without_writ
     assert backend.get_job(first.id).status == JobStatus.COMPLETED
     assert backend.get_job(third.id).status == JobStatus.COMPLETED
     assert snapshot(backend, second.id) == before
-    assert backend.finish_many([]) == []
+    assert backend.settle([]) == []
 
 
 def test_replay_is_refused_while_another_live_job_holds_the_dedup_key(
@@ -642,7 +679,7 @@ def test_replay_is_refused_while_another_live_job_holds_the_dedup_key(
     replay goes through."""
     first = backend.enqueue(make_spec(dedup_key="invoice:9", max_attempts=1))
     delivery = fetch_one(backend)
-    backend.bury(guard_of(delivery), CLOSING, code=DeadCode.FATAL, reason="broken", error=ERROR)
+    bury(backend, guard_of(delivery), CLOSING, code=DeadCode.FATAL, reason="broken", error=ERROR)
     second = backend.enqueue(make_spec(dedup_key="invoice:9"))
     assert second.id != first.id
     before = snapshot(backend, first.id)
@@ -670,8 +707,8 @@ def test_prune_deletes_old_completed_jobs_in_batches_and_keeps_everything_else(
     held = backend.enqueue(make_spec(dedup_key="held", dedup_window_s=1000))
     finish(backend, guard_of(fetch_one(backend)), CLOSING)
     dead = backend.enqueue(make_spec(max_attempts=1))
-    backend.bury(
-        guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="x", error=ERROR
+    bury(
+        backend, guard_of(fetch_one(backend)), CLOSING, code=DeadCode.FATAL, reason="x", error=ERROR
     )
     clock.advance(100)
     recent = backend.enqueue(make_spec())
@@ -736,8 +773,8 @@ def test_a_batch_of_acks_with_a_stale_and_the_current_lease_of_one_job_acks_only
     stale = fetch_one(backend)
     clock.advance(6.0)
     current = fetch_one(backend, worker="w2")
-    refusals = backend.finish_many(
-        [FinishRequest(guard_of(stale), CLOSING), FinishRequest(guard_of(current), CLOSING)]
+    refusals = backend.settle(
+        [success(guard_of(stale), CLOSING), success(guard_of(current), CLOSING)]
     )
     assert isinstance(refusals[0], LeaseLostError)
     assert refusals[1] is None
@@ -756,19 +793,8 @@ def test_a_batch_of_acks_refuses_each_stale_proof_on_its_own_and_acks_the_rest(
     own reason, and nothing of it changes."""
 
     def delivered(name: str, lease_s: float, lock_ttl_s: float) -> Guard:
-        backend.enqueue(make_spec(queue=name, visibility_timeout_s=lease_s))
-        delivery = fetch_one(backend, [name])
-        begun = backend.begin(
-            guard_of(delivery),
-            BeginRequest(
-                resource_key=f"res:{name}",
-                lock_owner=f"w1/{name}",
-                lock_ttl_s=lock_ttl_s,
-                operation_key=f"op:{name}",
-            ),
-        )
-        assert begun.grant is not None
-        return Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id, begun.grant)
+        spec = make_spec(queue=name, visibility_timeout_s=lease_s)
+        return locked_delivery(backend, spec, name, lock_ttl_s)
 
     ok = delivered("ok", 60.0, 60.0)
     fenced = delivered("fenced", 60.0, 5.0)
@@ -783,7 +809,7 @@ def test_a_batch_of_acks_refuses_each_stale_proof_on_its_own_and_acks_the_rest(
     refused_before = {g.job_id: snapshot(backend, g.job_id) for g in (fenced, unclaimed, stale)}
 
     requests = [
-        FinishRequest(guard, CLOSING, operation_key=f"op:{name}", result_json="1")
+        success(guard, CLOSING, operation_key=f"op:{name}", result_json="1")
         for guard, name in (
             (ok, "ok"),
             (fenced, "fenced"),
@@ -791,7 +817,7 @@ def test_a_batch_of_acks_refuses_each_stale_proof_on_its_own_and_acks_the_rest(
             (stale, "stale"),
         )
     ]
-    refusals = backend.finish_many(requests)
+    refusals = backend.settle(requests)
 
     assert refusals[0] is None
     assert isinstance(refusals[1], StaleFenceError)
@@ -817,10 +843,10 @@ def test_one_finish_the_store_cannot_write_does_not_undo_the_others(backend: Bac
         begin_operation(backend, guard_of(delivery), delivery.operation_key or "", None)
     first, bad, last = deliveries
     requests = [
-        FinishRequest(guard_of(d), CLOSING, operation_key=d.operation_key, external_ref=ref)
+        success(guard_of(d), CLOSING, operation_key=d.operation_key, external_ref=ref)
         for d, ref in ((first, "ok-1"), (bad, "bad \ud800 ref"), (last, "ok-3"))
     ]
-    refusals = backend.finish_many(requests)
+    refusals = backend.settle(requests)
     assert refusals[0] is None
     assert refusals[2] is None
     assert isinstance(refusals[1], JobGuardError)

@@ -18,12 +18,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobguard.backends.base import Closing, FinishRequest, Prepared
+from jobguard.backends.base import Closing, Ending, Prepared
 from jobguard.backends.postgres import PostgresBackend
 from jobguard.backends.sql.driver import Tx
 from jobguard.models import Guard, Outcome
 from tests.support import pg
-from tests.support.ports import keyed_spec, request_for
+from tests.support.ports import keyed_spec, rules_for, success
 
 
 class _PausingTx:
@@ -108,15 +108,15 @@ def test_a_fetch_beginning_and_a_finish_take_lock_rows_before_operation_rows(url
     finishing, fetching = PostgresBackend(url), PostgresBackend(url)
     try:
         finishing.enqueue_many([keyed_spec("a", "dock:1", None), keyed_spec("a", None, "op:1")])
-        held = finishing.fetch_prepared(["a"], 10, "w1", None, request_for)
+        held = finishing.fetch_prepared(["a"], 10, "w1", rules_for("tests.keyed"))
         acks = [_ack(item) for item in held]
         fetching.enqueue_many([keyed_spec("b", "dock:1", None), keyed_spec("b", None, "op:1")])
         before = _deadlocks(url)
         results = _race(
-            lambda: finishing.finish_many(acks),
+            lambda: finishing.settle(acks),
             finishing,
             "complete_operations",
-            lambda: fetching.fetch_prepared(["b"], 10, "w2", None, request_for),
+            lambda: fetching.fetch_prepared(["b"], 10, "w2", rules_for("tests.keyed")),
         )
         assert _deadlocks(url) == before
         assert results["first"] == [None, None]
@@ -132,12 +132,12 @@ def test_a_fetch_beginning_and_a_finish_take_lock_rows_before_operation_rows(url
         fetching.close()
 
 
-def _ack(item: Prepared) -> FinishRequest:
+def _ack(item: Prepared) -> Ending:
     assert item.begun is not None
     guard = Guard(
         item.delivery.job_id, item.delivery.lease_token, item.delivery.attempt_id, item.begun.grant
     )
-    return FinishRequest(guard, Closing(0.1), Outcome.COMPLETED, item.delivery.operation_key, "1")
+    return success(guard, Closing(0.1), Outcome.COMPLETED, item.delivery.operation_key, "1")
 
 
 def test_set_and_one_by_one_begins_lock_resources_in_the_same_order_whatever_the_collation() -> (
@@ -162,10 +162,10 @@ def test_set_and_one_by_one_begins_lock_resources_in_the_same_order_whatever_the
         )
         before = _deadlocks(url)
         _race(
-            lambda: one_by_one.fetch_prepared(["b"], 10, "w2", None, request_for),
+            lambda: one_by_one.fetch_prepared(["b"], 10, "w2", rules_for("tests.keyed")),
             one_by_one,
-            "grant_lock",
-            lambda: as_set.fetch_prepared(["a"], 10, "w1", None, request_for),
+            "grant_locks",
+            lambda: as_set.fetch_prepared(["a"], 10, "w1", rules_for("tests.keyed")),
         )
         assert _deadlocks(url) == before
     finally:

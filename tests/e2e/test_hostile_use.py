@@ -239,9 +239,9 @@ def test_an_async_step_survives_a_killed_worker_and_is_not_run_again(
 def test_a_heartbeat_that_fails_stops_its_worker_which_says_why_and_exits_non_zero(
     happ: App, store_url: str, effects_path: Path
 ) -> None:
-    """The heartbeat meets an error it does not expect (here the app's metrics hook raises when
-    told of a lost lease): the worker stops taking work, logs why, and ``jobguard worker``
-    exits 1 with a one-line error, instead of running on without renewing leases (G2.5)."""
+    """The heartbeat meets an error it does not expect (here a bug injected where it reads a
+    lost lease): the worker stops taking work, logs why, and ``jobguard worker`` exits 1 with
+    a one-line error, instead of running on without renewing leases (G2.5)."""
     job = happ.enqueue(hostile.HOLD_UNTIL_LOST, {})
     env = clean_env()
     env.update(
@@ -282,4 +282,4 @@ def test_a_heartbeat_that_fails_stops_its_worker_which_says_why_and_exits_non_ze
     last = output.strip().splitlines()[-1]
     assert last.startswith("error: worker ")
     assert "stopped taking work: its heartbeat failed with RuntimeError" in last
-    assert "metrics collector unreachable" in last
+    assert hostile.LEASE_BUG in last

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from jobguard import App, Context
-from jobguard.backends.base import BeginRequest, DeliveryRules, Prepared
+from jobguard.backends.base import DeliveryRules, Prepared
 from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.backends.sqlite.connection import _wrap
 from jobguard.exceptions import StoreBrokenError
-from jobguard.models import Delivery
 from tests.support.procs import clean_env, entry_point, wait_until
 
 TASKS = textwrap.dedent(
@@ -138,11 +137,10 @@ class TurnsReadOnly(SQLiteBackend):
         limit: int,
         worker_id: str,
         rules: Mapping[str, DeliveryRules] | None = None,
-        begin: Callable[[Delivery], BeginRequest | None] | None = None,
     ) -> list[Prepared]:
         if self.read_only:
             raise _wrap(sqlite3.OperationalError("attempt to write a readonly database"))
-        return super().fetch_prepared(queues, limit, worker_id, rules, begin)
+        return super().fetch_prepared(queues, limit, worker_id, rules)
 
 
 def test_a_burst_worker_on_a_store_that_turned_read_only_stops_instead_of_looping(

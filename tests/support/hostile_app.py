@@ -14,9 +14,11 @@ import os
 import signal
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from jobguard import App, Context, Hooks
+from jobguard.backends.base import Renewal, RenewalResult
 from jobguard.models import Delivery
 
 EFFECTS_ENV = "HOSTILE_EFFECTS"
@@ -62,16 +64,36 @@ def effects(path: str | Path, job_id: int) -> list[str]:
 
 
 class MetricsHooks(Hooks):
-    """A metrics exporter that breaks when it is told about a lost lease."""
+    """A metrics exporter that breaks when it is told about a lost lease (contained: the
+    worker logs it and goes on)."""
 
     def lease_lost(self, delivery: Delivery, reason: str) -> None:
         """Raise, as a metrics client whose collector went away would."""
         raise RuntimeError("metrics collector unreachable")
 
 
+LEASE_BUG = "the bookkeeping of a lost lease broke"
+
+
+def _break_on_a_lost_lease(app: App) -> None:
+    """Fault injection: the heartbeat meets an error it does not expect (not a store error)
+    once its store reports a lease taken over."""
+    backend = app.backend
+    renew = backend.renew
+
+    def renew_or_break(renewals: Sequence[Renewal]) -> list[RenewalResult]:
+        results = renew(renewals)
+        if not all(result.lease_ok for result in results):
+            raise RuntimeError(LEASE_BUG)
+        return results
+
+    backend.renew = renew_or_break  # type: ignore[method-assign]
+
+
 def make_app(url: str) -> App:
     """The hostile tasks on the store at ``url``."""
     app = App(url, hooks=MetricsHooks())
+    _break_on_a_lost_lease(app)
     _register_retry_tasks(app)
     _register_step_tasks(app)
     _register_data_tasks(app)

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from jobguard.backends import _sql
-from jobguard.backends.sql import store
+from jobguard.backends.sql import endings, leases, proofs, reads, store
 from jobguard.backends.sqlite.connection import split_statements
 
 
@@ -50,14 +50,21 @@ DRIVERS = ["jobguard.backends.sqlite", "jobguard.backends.postgres"]
 def test_every_query_the_store_uses_is_defined_and_every_defined_one_is_used(package: str) -> None:
     """No ``KeyError`` waiting in a rare code path, and no dead SQL in any driver's queries.sql."""
     defined = set(_sql.load_queries(package))
-    source = inspect.getsource(store) + inspect.getsource(
-        importlib.import_module(package + ".driver")
-    )
+    parts = (store, leases, proofs, endings, reads, importlib.import_module(package + ".driver"))
+    source = "".join(inspect.getsource(part) for part in parts)
     used = set(re.findall(r'(?:one|all|run|_read_all)\(\s*"([a-z_0-9]+)"', source))
     # Names also travel as plain strings (``query="retry_job"``); any mention counts as a use.
     mentioned = set(re.findall(r'"([a-z_0-9]+)"', source))
     assert used - defined == set()
     assert defined - mentioned == set()
+
+
+@pytest.mark.parametrize("package", DRIVERS)
+def test_each_write_has_one_statement_shape_the_set_form(package: str) -> None:
+    """No single-row twin of a set statement (``grant_lock`` beside ``grant_locks``): one item
+    is a set of one, so a rule of the guard is written once per database."""
+    defined = set(_sql.load_queries(package))
+    assert {name for name in defined if name + "s" in defined} == set()
 
 
 def test_sqlite_migrations_are_numbered_from_one_without_gaps() -> None:

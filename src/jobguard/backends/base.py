@@ -2,10 +2,10 @@
 
 Every method that changes a delivery takes the :class:`~jobguard.models.Guard` of that delivery
 and is refused with :class:`~jobguard.exceptions.LeaseLostError` when the lease token is stale.
-Writes of effects (steps, ``db_step``, the operation's completion in ``finish``) are also refused
-with :class:`~jobguard.exceptions.StaleFenceError` when a newer lock grant exists for the resource;
-moving the job itself (retry, defer, bury, release) needs only the lease, so a delivery that lost
-its lock but not its lease can still hand the job back.
+Writes of effects (steps, ``db_step``, the operation's completion when a success is settled) are
+also refused with :class:`~jobguard.exceptions.StaleFenceError` when a newer lock grant exists for
+the resource; moving the job back (a retry, deferral, burial or release ending) needs only the
+lease, so a delivery that lost its lock but not its lease can still hand the job back.
 Each docstring states what the method does atomically. Times come from the store's clock.
 
 The pipeline is written once against these protocols; a backend is done when it passes the
@@ -14,6 +14,7 @@ conformance suite in ``tests/contract/``.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -60,16 +61,60 @@ class Closing:
     steps_skipped: int = 0
 
 
+# The outcomes an ending can carry, by what settling it writes.
+SUCCESS_OUTCOMES = frozenset({Outcome.COMPLETED, Outcome.ALREADY_PROCESSED})
+REFUSED_OUTCOMES = frozenset({Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED})
+SETTLED_OUTCOMES = (
+    SUCCESS_OUTCOMES
+    | REFUSED_OUTCOMES
+    | {
+        Outcome.RETRY,
+        Outcome.DEFERRED,
+        Outcome.DEAD,
+        Outcome.RELEASED,
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
-class FinishRequest:
-    """Everything :meth:`QueuePort.finish` writes for one delivery (batched by the worker)."""
+class Ending:
+    """How one delivery ends, decided above the port and written by :meth:`QueuePort.settle`.
+
+    ``outcome`` says what is written:
+
+    - ``completed`` / ``already_processed``: the job is done (``operation_key`` with
+      ``result_json`` and ``external_ref``: its operation completed); proven by lease, fence and
+      claim.
+    - ``retry``: requeued after ``delay_s`` with ``error``; the attempt stays charged, the
+      operation claim (``operation_key``) is dropped.
+    - ``deferred``: requeued after ``delay_s``, the attempt handed back (``reason``).
+    - ``dead``: buried with ``code``, ``reason`` and ``error``; the operation marked failed.
+    - ``released``: handed back now, uncharged, its claim dropped (graceful shutdown).
+    - ``lease_refused`` / ``fence_refused``: a write of this stale delivery was refused; only
+      its own attempt row is marked (``reason``). A fence-refused one whose lease is still
+      current also hands the job back uncharged after ``delay_s``.
+    - ``lost``: nothing is written (the store failed mid-delivery; the lease expires).
+
+    Every kind but the refused ones and ``lost`` needs the lease; a success also needs the
+    newest fence of its lock and the operation's claim. Each also releases the lock it holds
+    and closes the attempt with ``closing``.
+    """
 
     guard: Guard
     closing: Closing
     outcome: Outcome = Outcome.COMPLETED
+    delay_s: float = 0.0
+    code: DeadCode | None = None
+    reason: str = ""
+    error: ErrorInfo | None = None
     operation_key: str | None = None
     result_json: str | None = None
     external_ref: str | None = None
+
+    @property
+    def writes(self) -> bool:
+        """Whether settling this ending writes anything (``lost`` does not)."""
+        return self.outcome in SETTLED_OUTCOMES
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +127,7 @@ class DeliveryRules:
 
     visibility_timeout_s: float | None  # None: the queue's, as stored at enqueue
     max_attempts: int
+    lock_ttl_s: float = 30.0  # the resource lock's length, for a job with a resource key
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +175,22 @@ class Prepared:
     begun: Begun | None = None
 
 
+def begin_request(
+    delivery: Delivery, rule: DeliveryRules | None, worker_id: str
+) -> BeginRequest | None:
+    """What a fetched delivery must hold before its handler: its lock (an owner token of its
+    own, the rule's length) and its operation claim. ``None`` for a job that asks for neither,
+    and for one of a task the worker does not know (the pipeline buries it)."""
+    if rule is None or (delivery.resource_key is None and delivery.operation_key is None):
+        return None
+    return BeginRequest(
+        resource_key=delivery.resource_key,
+        lock_owner=f"{worker_id}/{secrets.token_hex(8)}",
+        lock_ttl_s=rule.lock_ttl_s,  # the worker's definition, not the enqueuer's copy
+        operation_key=delivery.operation_key,
+    )
+
+
 class QueuePort(Protocol):
     """Jobs, leases and the dead letter queue (G1, G2, G6, G8)."""
 
@@ -150,22 +212,22 @@ class QueuePort(Protocol):
         limit: int,
         worker_id: str,
         rules: Mapping[str, DeliveryRules] | None = None,
-        begin: Callable[[Delivery], BeginRequest | None] | None = None,
     ) -> list[Prepared]:
         """Lease up to ``limit`` ready jobs, earlier queues first, higher priority first, and
-        begin each (:meth:`OperationPort.begin`) in the same transaction where the store allows
-        (one commit before the handlers start).
+        begin each (:meth:`OperationPort.begin`) in the same transaction (one commit before the
+        handlers start).
 
         Atomic per call: each job gets a new lease token, its attempt count is charged and an
         attempt row opened. Jobs whose lease expired are re-leased (their old attempt is closed as
         ``lost``); one whose attempts are spent goes to the dead letter queue instead
-        (:attr:`DeadCode.LOST`). ``rules`` (by task name) give the lease length and attempt limit
-        of the worker's own task definitions; jobs of other tasks keep what was stored.
+        (:attr:`DeadCode.LOST`). ``rules`` (by task name) give the lease length, attempt limit and
+        lock length of the worker's own task definitions; jobs of other tasks keep what was
+        stored.
 
-        ``begin`` says what each delivery must hold (``None``, or no ``begin``: nothing). An
-        item whose begin could not be stored comes back with ``begun`` ``None`` and begins on
-        its own later; ``busy`` results are kept (the lock or claim belongs to another live
-        delivery).
+        A delivery of a task in ``rules`` that has a resource or operation key is begun: its lock
+        (owner token: ``worker_id`` and a random part, length from its rule) and its operation
+        claim; ``busy`` results are kept (the lock or claim belongs to another live delivery).
+        Other deliveries come back with ``request`` and ``begun`` ``None``.
         """
 
     def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
@@ -180,60 +242,17 @@ class QueuePort(Protocol):
         Atomic per item; all items in one transaction where the store allows.
         """
 
-    def finish_many(self, requests: Sequence[FinishRequest]) -> list[JobGuardError | None]:
-        """Ack jobs: operation completed + job completed + attempt closed + lock released.
+    def settle(self, endings: Sequence[Ending]) -> list[JobGuardError | None]:
+        """Write how deliveries end (see :class:`Ending`): the job moved, the lock released,
+        the operation completed, failed or unclaimed, the attempt closed.
 
-        Atomic per request: a request refused for a stale lease or fence
-        (:class:`~jobguard.exceptions.GuardLost`), or one whose write fails, writes nothing and
-        its error is returned in its place; the others are acked. All in one transaction where
-        the store allows, so a worker acks a batch of jobs for the price of one durable commit.
+        Atomic per ending: one refused (:class:`~jobguard.exceptions.LeaseLostError` for a stale
+        lease, :class:`~jobguard.exceptions.StaleFenceError` for a stale fence, a lost claim), or
+        one whose write fails (:class:`~jobguard.exceptions.StoreUnavailableError`), writes
+        nothing and its error is returned in its place; the others are written. All in one
+        transaction where the store allows, so a worker ends a batch of deliveries for the price
+        of one durable commit. Refused endings and ``lost`` ones are never refused.
         """
-
-    def retry(
-        self,
-        guard: Guard,
-        closing: Closing,
-        *,
-        delay_s: float,
-        error: ErrorInfo,
-        operation_key: str | None = None,
-    ) -> None:
-        """Requeue after ``delay_s``; close the attempt; release the lock and the operation claim.
-
-        Atomic: one transaction. The attempt stays charged.
-        """
-
-    def defer(self, guard: Guard, closing: Closing, *, delay_s: float, reason: str) -> None:
-        """Requeue after ``delay_s`` because the resource was busy; the attempt is handed back.
-
-        Atomic: one transaction.
-        """
-
-    def bury(
-        self,
-        guard: Guard,
-        closing: Closing,
-        *,
-        code: DeadCode,
-        reason: str,
-        error: ErrorInfo | None,
-        operation_key: str | None = None,
-    ) -> None:
-        """Move the job to the dead letter queue with its reason; mark the operation failed.
-
-        Atomic: one transaction.
-        """
-
-    def release(self, guards: Sequence[Guard]) -> int:
-        """Hand leases back without charging an attempt (graceful shutdown); return how many.
-
-        Atomic per guard; stale guards are skipped, not raised.
-        """
-
-    def record_refusal(
-        self, guard: Guard, outcome: Outcome, closing: Closing, message: str
-    ) -> None:
-        """Note on the stale delivery's own attempt row that its write was refused."""
 
     def get_job(self, job_id: int) -> Job:
         """Return one job; :class:`~jobguard.exceptions.NotFoundError` if there is none."""

@@ -15,7 +15,7 @@ class Event(StrEnum):
     """Things that move a job between states."""
 
     FETCH = "fetch"  # a worker takes a lease (also re-takes an expired one)
-    FINISH = "finish"  # the final state is stored and the job acked
+    FINISH = "finish"  # the final state is stored and the job completed
     RETRY = "retry"  # scheduled again after a failure, attempt charged
     DEFER = "defer"  # resource busy: scheduled again, attempt not charged
     RELEASE = "release"  # graceful shutdown: handed back, attempt not charged

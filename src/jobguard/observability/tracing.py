@@ -110,7 +110,7 @@ class TracingHooks(Hooks):
     def delivering(self, delivery: Delivery) -> Iterator[None]:
         """Start the delivery's span and make it current while the handler runs.
 
-        The span ends at :meth:`attempt_ended`, which may come later from the acker thread.
+        The span ends at :meth:`attempt_ended`, which comes later from the settler thread.
         """
         span = self.tracer.start_span(
             f"jobguard run {delivery.task}",

@@ -78,15 +78,34 @@ RETURNING id, job_id;
 UPDATE {schema}.jobs SET available_at = %(now)s + %(visibility_timeout_s)s
 WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
 
--- name: finish_jobs
--- Many finishes at once (%(items)s: job_id, lease_token, resource, fence, key), each only with
--- every proof in place: the lease, the newest fence of its lock (if any), and the operation's
--- claim (if it completes one). Returns the ids it finished.
+-- name: settle_jobs
+-- How deliveries end, many at once (%(items)s: job_id, lease_token, resource, fence, key,
+-- status, delay_s, uncharge, deferral, set_error, last_error, set_signature, error_signature,
+-- same_error_count, code, reason), each only with every proof in place: the lease, and for a
+-- success the newest fence of its lock (resource, fence) and the operation's claim (key).
+-- status 'completed' finishes the job, 'dead' buries it, 'queued' requeues it after delay_s
+-- (NULL: now, keeping its run_at); uncharge hands the attempt back. Returns the ids it moved.
 UPDATE {schema}.jobs AS j
-SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
-    last_error = NULL
+SET status = item.status,
+    available_at = CASE WHEN item.status = 'queued'
+                        THEN %(now)s + coalesce(item.delay_s, 0) END,
+    run_at = CASE WHEN item.delay_s IS NULL THEN j.run_at ELSE %(now)s + item.delay_s END,
+    lease_token = NULL,
+    finished_at = CASE WHEN item.status = 'queued' THEN j.finished_at ELSE %(now)s END,
+    attempts = j.attempts - item.uncharge,
+    deferrals = j.deferrals + item.deferral,
+    last_error = CASE WHEN item.set_error THEN item.last_error ELSE j.last_error END,
+    error_signature = CASE WHEN item.set_signature THEN item.error_signature
+                           ELSE j.error_signature END,
+    same_error_count = CASE WHEN item.set_signature THEN item.same_error_count
+                            ELSE j.same_error_count END,
+    dead_code = CASE WHEN item.status = 'dead' THEN item.code ELSE j.dead_code END,
+    dead_reason = CASE WHEN item.status = 'dead' THEN item.reason ELSE j.dead_reason END
 FROM jsonb_to_recordset(%(items)s::jsonb)
-     AS item(job_id bigint, lease_token text, resource text, fence bigint, key text)
+     AS item(job_id bigint, lease_token text, resource text, fence bigint, key text, status text,
+             delay_s float8, uncharge integer, deferral integer, set_error boolean,
+             last_error text, set_signature boolean, error_signature text,
+             same_error_count integer, code text, reason text)
 WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
   AND (item.resource IS NULL
        OR NOT EXISTS (SELECT 1 FROM {schema}.locks AS l
@@ -108,15 +127,33 @@ FROM jsonb_to_recordset(%(items)s::jsonb)
 WHERE o.key = item.key AND o.owner_lease = item.owner_lease AND o.status = 'processing';
 
 -- name: close_attempts
--- close_attempt for many finished deliveries (%(items)s: attempt_id, outcome, duration_s,
--- lock_owner, fence, steps_run, steps_skipped); a finish records no error.
+-- The attempts of ended deliveries closed (%(items)s: attempt_id, outcome, duration_s,
+-- error_type, error_message, traceback, lock_owner, fence, steps_run, steps_skipped).
 UPDATE {schema}.attempts AS a
-SET outcome = item.outcome, ended_at = %(now)s, duration_s = item.duration_s, error_type = NULL,
-    error_message = NULL, traceback = NULL, lock_owner = item.lock_owner, fence = item.fence,
-    steps_run = item.steps_run, steps_skipped = item.steps_skipped
+SET outcome = item.outcome, ended_at = %(now)s, duration_s = item.duration_s,
+    error_type = item.error_type, error_message = item.error_message, traceback = item.traceback,
+    lock_owner = item.lock_owner, fence = item.fence, steps_run = item.steps_run,
+    steps_skipped = item.steps_skipped
 FROM jsonb_to_recordset(%(items)s::jsonb)
-     AS item(attempt_id bigint, outcome text, duration_s float8, lock_owner text, fence bigint,
+     AS item(attempt_id bigint, outcome text, duration_s float8, error_type text,
+             error_message text, traceback text, lock_owner text, fence bigint,
              steps_run integer, steps_skipped integer)
+WHERE a.id = item.attempt_id;
+
+-- name: mark_attempts
+-- Record on stale deliveries' own attempt rows that their writes were refused (diagnostics
+-- only; %(items)s: attempt_id, outcome, duration_s, error_type, error_message, steps_run,
+-- steps_skipped). An attempt already closed (as lost, by the fetch that took the job over)
+-- keeps when it ended.
+UPDATE {schema}.attempts AS a
+SET outcome = item.outcome, ended_at = coalesce(a.ended_at, %(now)s),
+    duration_s = coalesce(a.duration_s, item.duration_s),
+    error_type = item.error_type, error_message = item.error_message,
+    steps_run = greatest(a.steps_run, item.steps_run),
+    steps_skipped = greatest(a.steps_skipped, item.steps_skipped)
+FROM jsonb_to_recordset(%(items)s::jsonb)
+     AS item(attempt_id bigint, outcome text, duration_s float8, error_type text,
+             error_message text, steps_run integer, steps_skipped integer)
 WHERE a.id = item.attempt_id;
 
 -- name: release_locks
@@ -124,49 +161,6 @@ WHERE a.id = item.attempt_id;
 UPDATE {schema}.locks AS l SET owner = NULL, expires_at = NULL
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text)
 WHERE l.resource = item.resource AND l.owner = item.owner;
-
--- name: retry_job
-UPDATE {schema}.jobs
-SET status = 'queued', available_at = %(run_at)s, run_at = %(run_at)s, lease_token = NULL,
-    last_error = %(last_error)s, error_signature = %(error_signature)s,
-    same_error_count = %(same_error_count)s
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
-
--- name: defer_job
--- Resource busy: not the job's fault, so the delivery's attempt is handed back.
-UPDATE {schema}.jobs
-SET status = 'queued', available_at = %(run_at)s, run_at = %(run_at)s, lease_token = NULL,
-    attempts = attempts - 1, deferrals = deferrals + 1
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
-
--- name: release_job
-UPDATE {schema}.jobs
-SET status = 'queued', available_at = %(now)s, lease_token = NULL, attempts = attempts - 1
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
-
--- name: bury_job
-UPDATE {schema}.jobs
-SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = %(now)s,
-    dead_code = %(code)s, dead_reason = %(reason)s, last_error = %(last_error)s, error_signature = %(error_signature)s,
-    same_error_count = %(same_error_count)s
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
-
--- name: close_attempt
-UPDATE {schema}.attempts
-SET outcome = %(outcome)s, ended_at = %(now)s, duration_s = %(duration_s)s, error_type = %(error_type)s,
-    error_message = %(error_message)s, traceback = %(traceback)s, lock_owner = %(lock_owner)s,
-    fence = %(fence)s, steps_run = %(steps_run)s, steps_skipped = %(steps_skipped)s
-WHERE id = %(attempt_id)s;
-
--- name: mark_attempt
--- Record on a stale delivery's own attempt row that its write was refused (diagnostics only).
-UPDATE {schema}.attempts
-SET outcome = %(outcome)s, ended_at = coalesce(ended_at, %(now)s),
-    duration_s = coalesce(duration_s, %(duration_s)s),
-    error_type = %(error_type)s, error_message = %(error_message)s,
-    steps_run = greatest(steps_run, %(steps_run)s),
-    steps_skipped = greatest(steps_skipped, %(steps_skipped)s)
-WHERE id = %(attempt_id)s;
 
 -- name: dead_jobs
 SELECT * FROM {schema}.jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;
@@ -199,13 +193,6 @@ SELECT * FROM {schema}.attempts ORDER BY id DESC LIMIT %(limit)s;
 
 -- name: lock_row
 SELECT resource, owner, fence, expires_at FROM {schema}.locks WHERE resource = %(resource)s;
-
--- name: grant_lock
-INSERT INTO {schema}.locks (resource, owner, fence, expires_at) VALUES (%(resource)s, %(owner)s, 1, %(expires_at)s)
-ON CONFLICT (resource) DO UPDATE
-SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
-WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
-RETURNING fence;
 
 -- name: grant_locks
 -- grant_lock for many distinct resources (%(items)s: resource, owner, expires_at), in resource
@@ -243,21 +230,11 @@ RETURNING *;
 -- name: renew_lock
 UPDATE {schema}.locks SET expires_at = %(expires_at)s WHERE resource = %(resource)s AND owner = %(owner)s;
 
--- name: release_lock
-UPDATE {schema}.locks SET owner = NULL, expires_at = NULL WHERE resource = %(resource)s AND owner = %(owner)s;
-
 -- name: operation_row
 SELECT * FROM {schema}.operations WHERE key = %(key)s;
 
 -- name: operation_row_for_update
 SELECT * FROM {schema}.operations WHERE key = %(key)s FOR UPDATE;
-
--- name: insert_operation
-INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence, created_at,
-                        updated_at)
-VALUES (%(key)s, 'processing', %(resource_key)s, %(owner_lease)s, 1, %(fence)s, %(now)s, %(now)s)
-ON CONFLICT (key) DO NOTHING
-RETURNING *;
 
 -- name: claim_operation
 UPDATE {schema}.operations
@@ -266,10 +243,16 @@ SET status = 'processing', owner_lease = %(owner_lease)s, attempts = attempts + 
 WHERE key = %(key)s AND status != 'completed'
 RETURNING *;
 
--- name: fail_operation
-UPDATE {schema}.operations
-SET status = %(status)s, owner_lease = NULL, last_error = %(last_error)s, updated_at = %(now)s
-WHERE key = %(key)s AND owner_lease = %(owner_lease)s AND status = 'processing';
+-- name: release_operations
+-- The claims of ended deliveries dropped (%(items)s: key, owner_lease, status, last_error): a
+-- retry leaves its operation 'processing', a burial marks it 'failed', a release only unclaims
+-- it (last_error NULL keeps the one recorded).
+UPDATE {schema}.operations AS o
+SET status = item.status, owner_lease = NULL, last_error = coalesce(item.last_error, o.last_error),
+    updated_at = %(now)s
+FROM jsonb_to_recordset(%(items)s::jsonb)
+     AS item(key text, owner_lease text, status text, last_error text)
+WHERE o.key = item.key AND o.owner_lease = item.owner_lease AND o.status = 'processing';
 
 -- name: steps_of_operation
 SELECT name, result FROM {schema}.steps WHERE operation_key = %(key)s;
@@ -282,13 +265,6 @@ VALUES (%(key)s, %(name)s, %(result)s, %(fence)s, %(now)s);
 -- Is the operation's current claimant still alive (its lease unexpired)?
 SELECT 1 FROM {schema}.jobs
 WHERE lease_token = %(owner_lease)s AND status = 'running' AND available_at > %(now)s;
-
--- name: unclaim_operation
--- Graceful release: drop this delivery's claim on its operation so the next delivery can take it.
-UPDATE {schema}.operations SET owner_lease = NULL, updated_at = %(now)s WHERE owner_lease = %(owner_lease)s;
-
--- name: attempt_lock
-UPDATE {schema}.attempts SET lock_owner = %(lock_owner)s, fence = %(fence)s WHERE id = %(attempt_id)s;
 
 -- name: guard_state
 -- Everything a guarded write must prove, in one round trip: lease current, newest fence issued

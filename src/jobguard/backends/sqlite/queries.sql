@@ -76,18 +76,44 @@ RETURNING id, job_id;
 UPDATE jobs SET available_at = :now + :visibility_timeout_s
 WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
 
--- name: finish_jobs
--- Many finishes at once (:items, a JSON array of job_id, lease_token, resource, fence, key),
--- each only with every proof in place: the lease, the newest fence of its lock (if any), and the
--- operation's claim (if it completes one). Returns the ids it finished.
+-- name: settle_jobs
+-- How deliveries end, many at once (:items: job_id, lease_token, resource, fence, key, status,
+-- delay_s, uncharge, deferral, set_error, last_error, set_signature, error_signature,
+-- same_error_count, code, reason), each only with every proof in place: the lease, and for a
+-- success the newest fence of its lock (resource, fence) and the operation's claim (key).
+-- status 'completed' finishes the job, 'dead' buries it, 'queued' requeues it after delay_s
+-- (NULL: now, keeping its run_at); uncharge hands the attempt back. Returns the ids it moved.
 UPDATE jobs
-SET status = 'completed', available_at = NULL, lease_token = NULL, finished_at = :now,
-    last_error = NULL
+SET status = item.status,
+    available_at = CASE WHEN item.status = 'queued' THEN :now + coalesce(item.delay_s, 0) END,
+    run_at = CASE WHEN item.delay_s IS NULL THEN jobs.run_at ELSE :now + item.delay_s END,
+    lease_token = NULL,
+    finished_at = CASE WHEN item.status = 'queued' THEN jobs.finished_at ELSE :now END,
+    attempts = jobs.attempts - item.uncharge,
+    deferrals = jobs.deferrals + item.deferral,
+    last_error = CASE WHEN item.set_error THEN item.last_error ELSE jobs.last_error END,
+    error_signature = CASE WHEN item.set_signature THEN item.error_signature
+                           ELSE jobs.error_signature END,
+    same_error_count = CASE WHEN item.set_signature THEN item.same_error_count
+                            ELSE jobs.same_error_count END,
+    dead_code = CASE WHEN item.status = 'dead' THEN item.code ELSE jobs.dead_code END,
+    dead_reason = CASE WHEN item.status = 'dead' THEN item.reason ELSE jobs.dead_reason END
 FROM (SELECT json_extract(value, '$.job_id') AS job_id,
              json_extract(value, '$.lease_token') AS lease_token,
              json_extract(value, '$.resource') AS resource,
              json_extract(value, '$.fence') AS fence,
-             json_extract(value, '$.key') AS key
+             json_extract(value, '$.key') AS key,
+             json_extract(value, '$.status') AS status,
+             json_extract(value, '$.delay_s') AS delay_s,
+             json_extract(value, '$.uncharge') AS uncharge,
+             json_extract(value, '$.deferral') AS deferral,
+             json_extract(value, '$.set_error') AS set_error,
+             json_extract(value, '$.last_error') AS last_error,
+             json_extract(value, '$.set_signature') AS set_signature,
+             json_extract(value, '$.error_signature') AS error_signature,
+             json_extract(value, '$.same_error_count') AS same_error_count,
+             json_extract(value, '$.code') AS code,
+             json_extract(value, '$.reason') AS reason
       FROM json_each(:items)) AS item
 WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND jobs.status = 'running'
   AND (item.resource IS NULL
@@ -115,17 +141,42 @@ WHERE operations.key = item.key AND operations.owner_lease = item.owner_lease
   AND operations.status = 'processing';
 
 -- name: close_attempts
--- close_attempt for many finished deliveries (:items: attempt_id, outcome, duration_s,
--- lock_owner, fence, steps_run, steps_skipped); a finish records no error.
+-- The attempts of ended deliveries closed (:items: attempt_id, outcome, duration_s, error_type,
+-- error_message, traceback, lock_owner, fence, steps_run, steps_skipped).
 UPDATE attempts
-SET outcome = item.outcome, ended_at = :now, duration_s = item.duration_s, error_type = NULL,
-    error_message = NULL, traceback = NULL, lock_owner = item.lock_owner, fence = item.fence,
-    steps_run = item.steps_run, steps_skipped = item.steps_skipped
+SET outcome = item.outcome, ended_at = :now, duration_s = item.duration_s,
+    error_type = item.error_type, error_message = item.error_message, traceback = item.traceback,
+    lock_owner = item.lock_owner, fence = item.fence, steps_run = item.steps_run,
+    steps_skipped = item.steps_skipped
 FROM (SELECT json_extract(value, '$.attempt_id') AS attempt_id,
              json_extract(value, '$.outcome') AS outcome,
              json_extract(value, '$.duration_s') AS duration_s,
+             json_extract(value, '$.error_type') AS error_type,
+             json_extract(value, '$.error_message') AS error_message,
+             json_extract(value, '$.traceback') AS traceback,
              json_extract(value, '$.lock_owner') AS lock_owner,
              json_extract(value, '$.fence') AS fence,
+             json_extract(value, '$.steps_run') AS steps_run,
+             json_extract(value, '$.steps_skipped') AS steps_skipped
+      FROM json_each(:items)) AS item
+WHERE attempts.id = item.attempt_id;
+
+-- name: mark_attempts
+-- Record on stale deliveries' own attempt rows that their writes were refused (diagnostics
+-- only; :items: attempt_id, outcome, duration_s, error_type, error_message, steps_run,
+-- steps_skipped). An attempt already closed (as lost, by the fetch that took the job over)
+-- keeps when it ended.
+UPDATE attempts
+SET outcome = item.outcome, ended_at = coalesce(attempts.ended_at, :now),
+    duration_s = coalesce(attempts.duration_s, item.duration_s),
+    error_type = item.error_type, error_message = item.error_message,
+    steps_run = max(attempts.steps_run, item.steps_run),
+    steps_skipped = max(attempts.steps_skipped, item.steps_skipped)
+FROM (SELECT json_extract(value, '$.attempt_id') AS attempt_id,
+             json_extract(value, '$.outcome') AS outcome,
+             json_extract(value, '$.duration_s') AS duration_s,
+             json_extract(value, '$.error_type') AS error_type,
+             json_extract(value, '$.error_message') AS error_message,
              json_extract(value, '$.steps_run') AS steps_run,
              json_extract(value, '$.steps_skipped') AS steps_skipped
       FROM json_each(:items)) AS item
@@ -138,48 +189,6 @@ FROM (SELECT json_extract(value, '$.resource') AS resource,
              json_extract(value, '$.owner') AS owner
       FROM json_each(:items)) AS item
 WHERE locks.resource = item.resource AND locks.owner = item.owner;
-
--- name: retry_job
-UPDATE jobs
-SET status = 'queued', available_at = :run_at, run_at = :run_at, lease_token = NULL,
-    last_error = :last_error, error_signature = :error_signature,
-    same_error_count = :same_error_count
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
-
--- name: defer_job
--- Resource busy: not the job's fault, so the delivery's attempt is handed back.
-UPDATE jobs
-SET status = 'queued', available_at = :run_at, run_at = :run_at, lease_token = NULL,
-    attempts = attempts - 1, deferrals = deferrals + 1
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
-
--- name: release_job
-UPDATE jobs
-SET status = 'queued', available_at = :now, lease_token = NULL, attempts = attempts - 1
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
-
--- name: bury_job
-UPDATE jobs
-SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = :now,
-    dead_code = :code, dead_reason = :reason, last_error = :last_error, error_signature = :error_signature,
-    same_error_count = :same_error_count
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
-
--- name: close_attempt
-UPDATE attempts
-SET outcome = :outcome, ended_at = :now, duration_s = :duration_s, error_type = :error_type,
-    error_message = :error_message, traceback = :traceback, lock_owner = :lock_owner,
-    fence = :fence, steps_run = :steps_run, steps_skipped = :steps_skipped
-WHERE id = :attempt_id;
-
--- name: mark_attempt
--- Record on a stale delivery's own attempt row that its write was refused (diagnostics only).
-UPDATE attempts
-SET outcome = :outcome, ended_at = coalesce(ended_at, :now),
-    duration_s = coalesce(duration_s, :duration_s),
-    error_type = :error_type, error_message = :error_message,
-    steps_run = max(steps_run, :steps_run), steps_skipped = max(steps_skipped, :steps_skipped)
-WHERE id = :attempt_id;
 
 -- name: dead_jobs
 SELECT * FROM jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT :limit;
@@ -212,13 +221,6 @@ SELECT * FROM attempts ORDER BY id DESC LIMIT :limit;
 
 -- name: lock_row
 SELECT resource, owner, fence, expires_at FROM locks WHERE resource = :resource;
-
--- name: grant_lock
-INSERT INTO locks (resource, owner, fence, expires_at) VALUES (:resource, :owner, 1, :expires_at)
-ON CONFLICT (resource) DO UPDATE
-SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
-WHERE locks.owner IS NULL OR locks.expires_at <= :now
-RETURNING fence;
 
 -- name: grant_locks
 -- grant_lock for many distinct resources (:items: resource, owner, expires_at). Returns the
@@ -255,21 +257,11 @@ RETURNING *;
 -- name: renew_lock
 UPDATE locks SET expires_at = :expires_at WHERE resource = :resource AND owner = :owner;
 
--- name: release_lock
-UPDATE locks SET owner = NULL, expires_at = NULL WHERE resource = :resource AND owner = :owner;
-
 -- name: operation_row
 SELECT * FROM operations WHERE key = :key;
 
 -- name: operation_row_for_update
 SELECT * FROM operations WHERE key = :key;
-
--- name: insert_operation
-INSERT INTO operations (key, status, resource_key, owner_lease, attempts, fence, created_at,
-                        updated_at)
-VALUES (:key, 'processing', :resource_key, :owner_lease, 1, :fence, :now, :now)
-ON CONFLICT (key) DO NOTHING
-RETURNING *;
 
 -- name: claim_operation
 UPDATE operations
@@ -278,10 +270,20 @@ SET status = 'processing', owner_lease = :owner_lease, attempts = attempts + 1, 
 WHERE key = :key AND status != 'completed'
 RETURNING *;
 
--- name: fail_operation
+-- name: release_operations
+-- The claims of ended deliveries dropped (:items: key, owner_lease, status, last_error): a
+-- retry leaves its operation 'processing', a burial marks it 'failed', a release only unclaims
+-- it (last_error NULL keeps the one recorded).
 UPDATE operations
-SET status = :status, owner_lease = NULL, last_error = :last_error, updated_at = :now
-WHERE key = :key AND owner_lease = :owner_lease AND status = 'processing';
+SET status = item.status, owner_lease = NULL,
+    last_error = coalesce(item.last_error, operations.last_error), updated_at = :now
+FROM (SELECT json_extract(value, '$.key') AS key,
+             json_extract(value, '$.owner_lease') AS owner_lease,
+             json_extract(value, '$.status') AS status,
+             json_extract(value, '$.last_error') AS last_error
+      FROM json_each(:items)) AS item
+WHERE operations.key = item.key AND operations.owner_lease = item.owner_lease
+  AND operations.status = 'processing';
 
 -- name: steps_of_operation
 SELECT name, result FROM steps WHERE operation_key = :key;
@@ -294,13 +296,6 @@ VALUES (:key, :name, :result, :fence, :now);
 -- Is the operation's current claimant still alive (its lease unexpired)?
 SELECT 1 FROM jobs
 WHERE lease_token = :owner_lease AND status = 'running' AND available_at > :now;
-
--- name: unclaim_operation
--- Graceful release: drop this delivery's claim on its operation so the next delivery can take it.
-UPDATE operations SET owner_lease = NULL, updated_at = :now WHERE owner_lease = :owner_lease;
-
--- name: attempt_lock
-UPDATE attempts SET lock_owner = :lock_owner, fence = :fence WHERE id = :attempt_id;
 
 -- name: guard_state
 -- Everything a guarded write must prove, in one round trip: lease current, newest fence issued

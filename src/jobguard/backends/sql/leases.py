@@ -1,0 +1,259 @@
+"""Jobs in and leases out on one SQL database: enqueue, fetch (with each batch's begin), renew.
+
+A fetch is one transaction: ready jobs picked, expired leases closed as lost (or buried when
+their attempts are spent), new leases and attempt rows written, and each delivery's lock and
+operation claim taken, from what its row and its task's rule say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jobguard.backends.base import (
+    BeginRequest,
+    Begun,
+    DeliveryRules,
+    Prepared,
+    Renewal,
+    RenewalResult,
+    begin_request,
+)
+from jobguard.backends.sql import rows
+from jobguard.backends.sql.driver import Driver, Row, Tx
+from jobguard.backends.sql.proofs import Proofs
+from jobguard.models import DeadCode, Delivery, Guard, Job, JobSpec, JobStatus
+
+
+def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
+    """Store one job, or find the live job holding its dedup key."""
+    if spec.dedup_key is not None:
+        # Serialises enqueues of one key where writers run in parallel (PostgreSQL).
+        tx.run("lock_dedup_key", {"dedup_key": spec.dedup_key})
+        existing = tx.one("live_dedup_job", {"dedup_key": spec.dedup_key, "now": now})
+        if existing is not None:
+            tx.run("count_dedup_hit", {"id": existing["id"]})
+            return rows.job(existing, deduplicated=True)
+    row = tx.one(
+        "insert_job",
+        {
+            "task": spec.task,
+            "queue": spec.queue,
+            "payload": spec.payload,
+            "priority": spec.priority,
+            "run_at": now + spec.delay_s,
+            "max_attempts": spec.max_attempts,
+            "visibility_timeout_s": spec.visibility_timeout_s,
+            "operation_key": spec.operation_key,
+            "resource_key": spec.resource_key,
+            "lock_ttl_s": spec.lock_ttl_s,
+            "dedup_key": spec.dedup_key,
+            "dedup_window_s": spec.dedup_window_s,
+            "headers": spec.headers,
+            "now": now,
+        },
+    )
+    assert row is not None  # INSERT ... RETURNING
+    return rows.job(row)
+
+
+class Leases:
+    """The queue port's way in and out over one driver: enqueue, fetch, renew."""
+
+    def __init__(self, driver: Driver, proofs: Proofs) -> None:
+        self.driver = driver
+        self.proofs = proofs
+        # Whether the next fetch will likely find work (the last one did, or an enqueue woke
+        # us): then it skips the read-only look. A hint, never a decision.
+        self._expect_work = False
+
+    def enqueue(self, spec: JobSpec, *, connection: Any = None) -> Job:
+        """Store a job or return the live holder of its dedup key (one transaction)."""
+        return self.enqueue_many([spec], connection=connection)[0]
+
+    def enqueue_many(self, specs: Sequence[JobSpec], *, connection: Any = None) -> list[Job]:
+        """Store jobs in one transaction (each deduplicated); see :class:`QueuePort`."""
+
+        def op(tx: Tx) -> list[Job]:
+            now = tx.now()
+            return [insert_job(tx, spec, now) for spec in specs]
+
+        if connection is not None:
+            # The caller's transaction: its commit wakes workers (PostgreSQL) or they poll.
+            return op(self.driver.adopt(connection))
+        jobs = self.driver.write(op)
+        added = sorted({job.queue for job in jobs if not job.deduplicated})
+        if added:
+            self.driver.jobs_added(added)
+        return jobs
+
+    def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
+        """Block until an enqueue may have added work, or ``timeout_s`` passed."""
+        if self.driver.wait_for_jobs(queues, timeout_s):
+            self._expect_work = True  # woken by an enqueue: the look before fetching is moot
+
+    def fetch_prepared(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        rules: Mapping[str, DeliveryRules] | None = None,
+    ) -> list[Prepared]:
+        """Lease ready jobs and begin them (lock + claim) in the same transaction.
+
+        See :class:`~jobguard.backends.base.QueuePort`. What each delivery asks for comes from
+        its row and its task's rule; nothing above the store is asked.
+        """
+        task_rules = rules or {}
+
+        # Idle polling must not queue up behind writers: look first, on a read connection.
+        # While jobs keep coming the look is a wasted round trip.
+        def ready(tx: Tx) -> bool:
+            return tx.one("any_ready", {"queues": list(queues), "now": tx.now()}) is not None
+
+        if not self._expect_work and not self.driver.read(ready):
+            return []
+
+        def op(tx: Tx) -> list[Prepared]:
+            now = tx.now()
+            picked: list[Row] = []
+            for queue in queues:
+                if len(picked) >= limit:
+                    break
+                params = {"queue": queue, "now": now, "limit": limit - len(picked)}
+                picked.extend(tx.all("ready_jobs", params))
+            spent = self._close_expired(tx, picked, task_rules, now)
+            live = [row for row in picked if row["id"] not in spent]
+            if not live:
+                return []
+            deliveries = self._lease(tx, live, task_rules, worker_id, now)
+            requests = [begin_request(d, task_rules.get(d.task), worker_id) for d in deliveries]
+            return self._begin_fetched(tx, deliveries, requests, now)
+
+        prepared = self.driver.write(op)
+        self._expect_work = bool(prepared)
+        return prepared
+
+    def _begin_fetched(
+        self,
+        tx: Tx,
+        deliveries: Sequence[Delivery],
+        requests: Sequence[BeginRequest | None],
+        now: float,
+    ) -> list[Prepared]:
+        """Begin deliveries leased in this transaction, one by one in :func:`_lock_order`, or
+        as a set (a few statements for the batch) when no two of them ask for the same
+        resource or operation, so that none depends on what another got."""
+        wanted = [index for index, request in enumerate(requests) if request is not None]
+        order = sorted(wanted, key=lambda i: _lock_order(requests[i]))
+        guards = [Guard(d.job_id, d.lease_token, d.attempt_id) for d in deliveries]
+        begun: list[Begun | None] = [None] * len(deliveries)
+        if _independent([requests[index] for index in order]):
+            self.proofs.begin_set(tx, guards, requests, order, begun, now)
+        else:
+            for index in order:
+                request = requests[index]
+                assert request is not None
+                begun[index] = self.proofs.begin_one(tx, guards[index], request, now, leased=True)
+        return [
+            Prepared(delivery, request, result)
+            for delivery, request, result in zip(deliveries, requests, begun, strict=True)
+        ]
+
+    @staticmethod
+    def _close_expired(
+        tx: Tx, picked: Sequence[Row], rules: Mapping[str, DeliveryRules], now: float
+    ) -> set[int]:
+        """Close the attempts of expired leases as lost; bury the jobs whose attempts are spent.
+
+        Returns the ids of the buried jobs (they are not leased again).
+        """
+        expired = [row for row in picked if row["status"] == JobStatus.RUNNING]
+        if not expired:
+            return set()
+        tokens = [row["lease_token"] for row in expired]
+        tx.run("close_lost_attempts", {"tokens": tokens, "now": now})
+        spent = set()
+        for row in expired:
+            rule = rules.get(row["task"])
+            if row["attempts"] >= (rule.max_attempts if rule else row["max_attempts"]):
+                spent.add(row["id"])
+        if spent:
+            params = {"ids": sorted(spent), "code": DeadCode.LOST.value, "now": now}
+            tx.run("bury_lost", params)
+        return spent
+
+    @staticmethod
+    def _lease(
+        tx: Tx,
+        picked: Sequence[Row],
+        rules: Mapping[str, DeliveryRules],
+        worker_id: str,
+        now: float,
+    ) -> list[Delivery]:
+        """New leases for ``picked`` (one statement per lease length), each with an attempt row."""
+        by_lease: dict[float | None, list[int]] = {}
+        for row in picked:
+            rule = rules.get(row["task"])
+            by_lease.setdefault(rule.visibility_timeout_s if rule else None, []).append(row["id"])
+        leased: dict[int, Row] = {}
+        for lease_s, ids in by_lease.items():
+            params = {"ids": ids, "worker_id": worker_id, "lease_s": lease_s, "now": now}
+            leased.update((row["id"], row) for row in tx.all("lease_jobs", params))
+        order = [row["id"] for row in picked]
+        attempt_ids = {
+            row["job_id"]: row["id"]
+            for row in tx.all("insert_attempts", {"ids": order, "now": now})
+        }
+        return [rows.delivery(leased[job_id], attempt_ids[job_id]) for job_id in order]
+
+    def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
+        """Extend every lease and lock still ours, in one transaction."""
+
+        def op(tx: Tx) -> list[RenewalResult]:
+            now = tx.now()
+            results: list[RenewalResult] = []
+            for item in renewals:
+                lease_ok = (
+                    tx.run(
+                        "extend_lease",
+                        {
+                            "job_id": item.guard.job_id,
+                            "lease_token": item.guard.lease_token,
+                            "visibility_timeout_s": item.visibility_timeout_s,
+                            "now": now,
+                        },
+                    )
+                    == 1
+                )
+                lock_ok = True
+                lock = item.guard.lock
+                if lock is not None and item.lock_ttl_s is not None:
+                    params = {
+                        "resource": lock.resource,
+                        "owner": lock.owner,
+                        "expires_at": now + item.lock_ttl_s,
+                    }
+                    lock_ok = tx.run("renew_lock", params) == 1
+                results.append(RenewalResult(lease_ok=lease_ok, lock_ok=lock_ok))
+            return results
+
+        return self.driver.write(op)
+
+
+def _independent(requests: Sequence[BeginRequest | None]) -> bool:
+    """No two requests ask for the same resource or the same operation."""
+    resources = [r.resource_key for r in requests if r is not None and r.resource_key is not None]
+    keys = [r.operation_key for r in requests if r is not None and r.operation_key is not None]
+    return len(set(resources)) == len(resources) and len(set(keys)) == len(keys)
+
+
+def _lock_order(request: BeginRequest | None) -> tuple[str, str]:
+    """Begins of one batch lock rows in this order, so two workers beginning overlapping batches
+    do not deadlock: by resource key (first come, first served), then unlocked ones by
+    operation key. Python compares text by code point, which is the byte order of UTF-8: the
+    set statements sort the same way (COLLATE "C" on PostgreSQL)."""
+    assert request is not None
+    if request.resource_key is not None:
+        return request.resource_key, ""
+    return "", request.operation_key or ""

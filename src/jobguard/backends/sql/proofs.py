@@ -1,0 +1,344 @@
+"""The guard's proofs on one SQL database: resource locks with fences, operation claims, steps.
+
+What a delivery must hold before its handler runs (a lock and an operation claim, taken
+together by :meth:`Proofs.begin`, alone or for a fetched batch at once), and what a write of its
+effects must show before it lands (:func:`verify`: the lease, the newest fence, the claim, in
+one round trip).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from jobguard.backends.base import BeginRequest, Begun
+from jobguard.backends.sql import rows
+from jobguard.backends.sql.driver import Driver, Row, Tx, UserCodeError
+from jobguard.core import messages
+from jobguard.models import BusyReason, Guard, LockGrant, Operation, OperationStatus
+
+T = TypeVar("T")
+
+
+def fence_of(guard: Guard) -> int | None:
+    """The fence ``guard``'s lock was granted with, if it holds one."""
+    return guard.lock.fence if guard.lock else None
+
+
+def verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None) -> Row:
+    """Refuse a write whose lease is stale, whose fence is old, or (with ``claim_key``) whose
+    delivery no longer holds the operation's claim. Returns the state read, with the stored
+    result of ``step`` (if given and already recorded) in ``step_result``."""
+    state = tx.one(
+        "guard_state",
+        {
+            "job_id": guard.job_id,
+            "lease_token": guard.lease_token,
+            "resource": guard.lock.resource if guard.lock else None,
+            "key": claim_key,
+            "step": step,
+        },
+    )
+    assert state is not None  # a SELECT of sub-queries always returns its one row
+    if state["lease_ok"] is None:
+        raise messages.stale_lease(guard.job_id, guard.lease_token)
+    newest = state["fence"]
+    if guard.lock is not None and newest is not None and newest > guard.lock.fence:
+        raise messages.stale_fence(guard.lock.resource, guard.lock.fence, newest)
+    if claim_key is not None and state["claim_ok"] is None:
+        raise messages.claim_lost(claim_key)
+    return state
+
+
+def release_locks(tx: Tx, guards: Sequence[Guard]) -> int:
+    """Free the locks these guards hold, where each owner still holds its lock."""
+    items = [
+        {"resource": guard.lock.resource, "owner": guard.lock.owner}
+        for guard in guards
+        if guard.lock is not None
+    ]
+    return tx.run("release_locks", {"items": items}) if items else 0
+
+
+class Proofs:
+    """The lock and operation ports, and the begin of fetched batches, over one driver."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    def begin_set(
+        self,
+        tx: Tx,
+        guards: list[Guard],
+        requests: Sequence[BeginRequest | None],
+        order: Sequence[int],
+        begun: list[Begun | None],
+        now: float,
+    ) -> None:
+        """:meth:`begin_one` for a batch of fresh deliveries that ask for distinct resources
+        and operations: one statement grants every lock, one records the grants on the
+        attempts, one inserts every new operation; only operations already recorded are
+        claimed one at a time. Fills ``guards`` (grants) and ``begun``."""
+        wanted = {index: request for index in order if (request := requests[index]) is not None}
+        self._grant_set(tx, guards, wanted, begun, now)
+        claiming = {
+            request.operation_key: index
+            for index, request in wanted.items()
+            if begun[index] is None and request.operation_key is not None
+        }
+        inserted: dict[str, Row] = {}
+        if claiming:
+            items = [
+                {
+                    "key": key,
+                    "resource_key": wanted[index].resource_key,
+                    "owner_lease": guards[index].lease_token,
+                    "fence": fence_of(guards[index]),
+                }
+                for key, index in claiming.items()
+            ]
+            found = tx.all("insert_operations", {"items": items, "now": now})
+            inserted = {row["key"]: row for row in found}
+        for index, request in wanted.items():
+            key, guard = request.operation_key, guards[index]
+            if begun[index] is not None:
+                continue
+            if key is None:
+                begun[index] = Begun(grant=guard.lock)
+            elif key in inserted:
+                begun[index] = Begun(grant=guard.lock, operation=rows.operation(inserted[key], []))
+            else:  # recorded already: claimed, or busy with a live delivery's claim
+                begun[index] = self._claim_or_busy(tx, guard, request, now)
+
+    @staticmethod
+    def _grant_set(
+        tx: Tx,
+        guards: list[Guard],
+        wanted: Mapping[int, BeginRequest],
+        begun: list[Begun | None],
+        now: float,
+    ) -> None:
+        """Every lock of the batch in one statement; the ones not granted are busy."""
+        asking = {
+            request.resource_key: index
+            for index, request in wanted.items()
+            if request.resource_key is not None
+        }
+        if not asking:
+            return
+        items = [
+            {
+                "resource": resource,
+                "owner": wanted[index].lock_owner,
+                "expires_at": now + wanted[index].lock_ttl_s,
+            }
+            for resource, index in asking.items()
+        ]
+        granted = tx.all("grant_locks", {"items": items, "now": now})
+        fences = {row["resource"]: row["fence"] for row in granted}
+        marks = []
+        for resource, index in asking.items():
+            if resource not in fences:
+                begun[index] = Begun(busy=BusyReason.LOCK)
+                continue
+            request = wanted[index]
+            expires_at = now + request.lock_ttl_s
+            grant = LockGrant(resource, request.lock_owner, fences[resource], expires_at)
+            guards[index] = replace(guards[index], lock=grant)
+            marks.append(
+                {
+                    "attempt_id": guards[index].attempt_id,
+                    "lock_owner": grant.owner,
+                    "fence": grant.fence,
+                }
+            )
+        if marks:
+            tx.run("attempt_locks", {"items": marks})
+
+    # -- locks --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _grant(
+        tx: Tx,
+        resource: str,
+        owner: str,
+        ttl_s: float,
+        attempt_id: int | None,
+        now: float,
+    ) -> LockGrant | None:
+        """Grant one lock: the set statements with a set of one."""
+        expires_at = now + ttl_s
+        items = [{"resource": resource, "owner": owner, "expires_at": expires_at}]
+        row = tx.one("grant_locks", {"items": items, "now": now})
+        if row is None:
+            return None
+        if attempt_id is not None:
+            mark = {"attempt_id": attempt_id, "lock_owner": owner, "fence": row["fence"]}
+            tx.run("attempt_locks", {"items": [mark]})
+        return LockGrant(resource=resource, owner=owner, fence=row["fence"], expires_at=expires_at)
+
+    def acquire_lock(
+        self, resource: str, owner: str, ttl_s: float, *, attempt_id: int | None = None
+    ) -> LockGrant | None:
+        """Grant the lock if free or expired, with the next fence (one transaction)."""
+        return self.driver.write(
+            lambda tx: self._grant(tx, resource, owner, ttl_s, attempt_id, tx.now())
+        )
+
+    def renew_lock(self, grant: LockGrant, ttl_s: float) -> bool:
+        """Extend the lock if ``grant.owner`` still owns it."""
+
+        def op(tx: Tx) -> bool:
+            params = {
+                "resource": grant.resource,
+                "owner": grant.owner,
+                "expires_at": tx.now() + ttl_s,
+            }
+            return tx.run("renew_lock", params) == 1
+
+        return self.driver.write(op)
+
+    def release_lock(self, grant: LockGrant) -> bool:
+        """Free the lock if ``grant.owner`` still owns it."""
+
+        def op(tx: Tx) -> bool:
+            items = [{"resource": grant.resource, "owner": grant.owner}]
+            return tx.run("release_locks", {"items": items}) == 1
+
+        return self.driver.write(op)
+
+    def lock_fence(self, resource: str) -> int:
+        """The last fence issued for ``resource`` (0 if never locked)."""
+        found = self.driver.read(lambda tx: tx.all("lock_row", {"resource": resource}))
+        return int(found[0]["fence"]) if found else 0
+
+    # -- operations and steps -----------------------------------------------------------------
+
+    @staticmethod
+    def _claim(
+        tx: Tx, guard: Guard, key: str, resource_key: str | None, now: float
+    ) -> Operation | None:
+        """Get-or-create the record and claim it; ``None`` if a live delivery holds it."""
+        fence = fence_of(guard)
+        item = {
+            "key": key,
+            "resource_key": resource_key,
+            "owner_lease": guard.lease_token,
+            "fence": fence,
+        }
+        # Most operations are new: insert first (returning the row as written, no second read
+        # of it); a key already recorded is read and locked instead.
+        row = tx.one("insert_operations", {"items": [item], "now": now})
+        if row is not None:
+            return rows.operation(row, [])
+        row = tx.one("operation_row_for_update", {"key": key})
+        assert row is not None  # it exists: the insert found it (or waited for its commit)
+        if row["status"] != OperationStatus.COMPLETED:
+            holder = row["owner_lease"]
+            if holder and holder != guard.lease_token:
+                alive = tx.one("lease_holder_alive", {"owner_lease": holder, "now": now})
+                if alive is not None:
+                    return None
+            params = {"key": key, "owner_lease": guard.lease_token, "fence": fence, "now": now}
+            row = tx.one("claim_operation", params)
+            assert row is not None  # the row is locked and not completed
+        steps = tx.all("steps_of_operation", {"key": key})
+        return rows.operation(row, steps)
+
+    def begin_one(
+        self, tx: Tx, guard: Guard, request: BeginRequest, now: float, *, leased: bool = False
+    ) -> Begun:
+        """``leased``: the lease was taken in this same transaction, so it needs no proof."""
+        if not leased:
+            verify(tx, guard, None)
+        current = guard
+        held = guard.lock is not None and guard.lock.resource == request.resource_key
+        if request.resource_key is not None and not held:
+            grant = self._grant(
+                tx,
+                request.resource_key,
+                request.lock_owner,
+                request.lock_ttl_s,
+                guard.attempt_id,
+                now,
+            )
+            if grant is None:
+                return Begun(busy=BusyReason.LOCK)
+            current = replace(guard, lock=grant)
+        if request.operation_key is None:
+            return Begun(grant=current.lock)
+        return self._claim_or_busy(tx, current, request, now)
+
+    def _claim_or_busy(self, tx: Tx, guard: Guard, request: BeginRequest, now: float) -> Begun:
+        """Claim the operation for a delivery that holds what it locked; busy if a live
+        delivery holds the claim, in which case its lock is given straight back."""
+        assert request.operation_key is not None
+        operation = self._claim(tx, guard, request.operation_key, request.resource_key, now)
+        if operation is None:
+            release_locks(tx, [guard])
+            if guard.lock is not None:
+                # The attempt row must not name a lock this delivery gave straight back.
+                unmark = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
+                tx.run("attempt_locks", {"items": [unmark]})
+            return Begun(busy=BusyReason.OPERATION)
+        return Begun(grant=guard.lock, operation=operation)
+
+    def begin(self, guard: Guard, request: BeginRequest) -> Begun:
+        """Lock the resource and claim the operation together (one transaction)."""
+        return self.driver.write(lambda tx: self.begin_one(tx, guard, request, tx.now()))
+
+    def _insert_step(
+        self, tx: Tx, guard: Guard, key: str, name: str, result_json: str, now: float
+    ) -> None:
+        params = {
+            "key": key,
+            "name": name,
+            "result": result_json,
+            "fence": fence_of(guard),
+            "now": now,
+        }
+        tx.run("insert_step", params)
+
+    def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
+        """Record a completed step (one transaction, guarded)."""
+
+        def op(tx: Tx) -> None:
+            verify(tx, guard, key)
+            self._insert_step(tx, guard, key, name, result_json, tx.now())
+
+        self.driver.write(op)
+
+    def db_step(
+        self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
+    ) -> tuple[bool, Any]:
+        """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
+
+        def op(tx: Tx) -> tuple[bool, Any]:
+            stored = verify(tx, guard, key, step=name)["step_result"]
+            if stored is not None:
+                return False, json.loads(stored)
+            try:
+                with self.driver.step_connection(tx) as conn:
+                    value = fn(conn, *args)
+                result_json = json.dumps(value)
+            except Exception as exc:
+                # The user's own error: nothing of the step commits, and it reaches the handler
+                # as raised (SQL errors of its statements already wrapped as StepSQLError).
+                raise UserCodeError(exc) from exc
+            self._insert_step(tx, guard, key, name, result_json, tx.now())
+            return True, value
+
+        return self.driver.write(op)
+
+    def get_operation(self, key: str) -> Operation | None:
+        """The operation record with its steps, or ``None``."""
+
+        def op(tx: Tx) -> Operation | None:
+            row = tx.one("operation_row", {"key": key})
+            if row is None:
+                return None
+            return rows.operation(row, tx.all("steps_of_operation", {"key": key}))
+
+        return self.driver.read(op)
