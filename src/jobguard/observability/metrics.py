@@ -54,7 +54,7 @@ STORE_ERROR_PLACES = (
     "fetch",
     "wait",
     "pipeline",
-    "ack",
+    "settle",
     "release",
     "prune",
     "heartbeat",
