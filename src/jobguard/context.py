@@ -50,6 +50,9 @@ class InFlight:
         self.context: Context | None = None
         # When the lease was last known to be ours (monotonic): fetched, or renewed.
         self.renewed_at = time.monotonic()
+        # The longest time the heartbeat overslept while this delivery was held (monotonic): the
+        # whole process stood still (stopped, a paused VM, swapping), not the handler alone.
+        self.stalled_s = 0.0
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lease or lock is gone; the handler's writes will be refused."""

@@ -8,6 +8,7 @@ and completed no longer fails the gate. Each runs on both backends, through ``jo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from collections.abc import Iterator
@@ -286,3 +287,41 @@ def test_worker_deaths_whose_jobs_all_recovered_are_a_hint(signal_tasks: App, st
     assert deaths["severity"] == "hint"
     assert "1 worker process died" in deaths["summary"]
     assert "all 2 recovered" in deaths["summary"]
+
+
+def test_a_frozen_worker_is_a_stall_not_a_slow_handler(signal_tasks: App, store: Store) -> None:
+    """A worker SIGSTOPped past its lease while its handler runs, then SIGCONTed: the job ran
+    again elsewhere and the frozen delivery's late write was refused. The doctor names a stall
+    of that worker (its heartbeat did not run), not a slow job, and does not advise a longer
+    visibility timeout for it."""
+    job = signal_tasks.tasks[s.FROZEN].enqueue(n=1)
+    frozen = spawn_worker(store.url, SIGNAL_APP, concurrency=1)
+    with contextlib.ExitStack() as stack:  # every worker started is killed and reaped
+        stack.enter_context(workers(frozen))
+        frozen.wait_ready()
+        wait_until(lambda: bool(getattr(signal_tasks.operation("frozen:1"), "steps", {})))
+        frozen.pause_between_writes(store.url)
+        rescuer = spawn_worker(store.url, SIGNAL_APP, concurrency=1)  # only once it is frozen
+        stack.enter_context(workers(rescuer))
+        rescuer.wait_ready()
+        wait_until(lambda: status(signal_tasks, job.id) == JobStatus.COMPLETED, timeout_s=30)
+        frozen.signal(signal.SIGCONT)
+        wait_until(
+            lambda: signal_tasks.attempts(job_id=job.id)[0].outcome == Outcome.LEASE_REFUSED,
+            timeout_s=30,
+        )
+    stale = signal_tasks.attempts(job_id=job.id)[0]
+
+    code, report = doctor(store.url)
+
+    [stall] = of_kind(report, "stall")
+    assert (stall["severity"], stall["task"]) == ("warning", s.FROZEN)
+    assert stall["keys"]["job_ids"] == [job.id]
+    assert stall["keys"]["attempt_ids"] == [stale.id]
+    assert stall["numbers"]["stalled_s"] >= 2.0 / 3  # at least one heartbeat beat missed
+    assert stale.worker_id in stall["summary"]
+    assert "not a slow handler" in stall["advice"]
+    assert [f for f in of_kind(report, "visibility_timeout") if f["severity"] != "hint"] == []
+    [overlap] = report["overlaps"]
+    assert overlap["causes"][0].startswith("a stall")
+    assert code == 1  # the overlap itself stays a problem: the work ran twice at once

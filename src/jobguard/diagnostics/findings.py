@@ -36,6 +36,7 @@ class Kind(StrEnum):
     RETRY_SPIKE = "retry_spike"
     CRASH_LOOP = "crash_loop"
     WORKER_DEATHS = "worker_deaths"
+    STALL = "stall"
     SPLIT_OPERATION = "split_operation"
     LATE_DUPLICATE = "late_duplicate"
     UNSTABLE_DEDUP_KEY = "unstable_dedup_key"

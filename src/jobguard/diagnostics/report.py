@@ -34,6 +34,7 @@ from jobguard.diagnostics.resources import (
 )
 from jobguard.diagnostics.retries import TaskRetries, retry_rates, spike_findings
 from jobguard.diagnostics.snapshot import Snapshot
+from jobguard.diagnostics.stalls import Stall, find_stalls, stall_findings
 
 SEVERITY_ORDER = {Severity.PROBLEM: 0, Severity.WARNING: 1, Severity.HINT: 2}
 
@@ -60,6 +61,7 @@ class Diagnosis:
         crash_loops: Worker crashes with the same job present at each.
         worker_deaths: The worker processes that died, what they took down and what recovered
             (``None``: none died).
+        stalls: Workers whose whole process stood still past the leases it held.
         split_operations: Operation keys carried by several jobs.
         unstable_dedup_keys: Dedup keys that differ only in a timestamp or a fresh id.
         short_completions: Completions that went through fewer steps than the task usually does.
@@ -80,6 +82,7 @@ class Diagnosis:
     outages: tuple[Outage, ...]
     crash_loops: tuple[CrashLoop, ...]
     worker_deaths: WorkerDeaths | None
+    stalls: tuple[Stall, ...]
     split_operations: tuple[SplitOperation, ...]
     unstable_dedup_keys: tuple[UnstableKey, ...]
     short_completions: tuple[ShortCompletions, ...]
@@ -116,6 +119,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
     retries = retry_rates(attempts)
     crash_loops = find_crash_loops(attempts, jobs)
     deaths = worker_deaths(attempts, jobs)
+    stalls = find_stalls(attempts)
     splits = split_operations(in_scope)
     unstable = unstable_keys(in_scope)
     shorts = short_completions(attempts, snapshot.operations)
@@ -128,6 +132,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
         *outage_findings(outages, jobs),
         *crash_findings(crash_loops),
         *death_findings(deaths),
+        *stall_findings(stalls),
         *dedup_findings(splits, unstable),
         *spike_findings(retries),
         *poison_findings(errors),
@@ -149,6 +154,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
         outages=tuple(outages),
         crash_loops=tuple(crash_loops),
         worker_deaths=deaths,
+        stalls=tuple(stalls),
         split_operations=tuple(splits),
         unstable_dedup_keys=tuple(unstable),
         short_completions=tuple(shorts),
