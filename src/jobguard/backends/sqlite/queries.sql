@@ -57,11 +57,13 @@ SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'running';
 
 -- name: lease_jobs
--- :lease_s is the fetching worker's lease for these jobs' task (NULL: the stored one).
+-- :lease_s and :max_attempts are the fetching worker's lease and attempt limit for these jobs'
+-- task (NULL: the stored ones); the limit it enforces is the one the row then shows.
 UPDATE jobs
 SET status = 'running', attempts = attempts + 1, worker_id = :worker_id,
     lease_token = lower(hex(randomblob(16))),
-    available_at = :now + coalesce(:lease_s, visibility_timeout_s)
+    available_at = :now + coalesce(:lease_s, visibility_timeout_s),
+    max_attempts = coalesce(:max_attempts, max_attempts)
 WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING *, coalesce(:lease_s, visibility_timeout_s) AS lease_s;
 
