@@ -202,6 +202,13 @@ class Attempt:
     steps_run: int
     steps_skipped: int
 
+    @property
+    def never_reported(self) -> bool:
+        """Closed as lost when its lease was taken over: its worker died or froze and never
+        said how long it ran or which steps it skipped (``steps_run`` counts the steps it
+        recorded)."""
+        return self.outcome == Outcome.LOST and self.duration_s is None
+
 
 @dataclass(frozen=True, slots=True)
 class DeadJob:

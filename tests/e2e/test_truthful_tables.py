@@ -3,12 +3,14 @@ delivery ran before its worker died. Real worker processes, on both backends."""
 
 from __future__ import annotations
 
+import json
+import signal
 from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner, Result
 
-from jobguard import App, JobStatus
+from jobguard import App, JobStatus, Outcome
 from jobguard.cli.main import cli
 from tests.support import signal_app as s
 from tests.support import stores
@@ -46,3 +48,31 @@ def test_the_attempt_limit_shown_is_the_one_the_worker_enforced(tasks: App, stor
         assert shown.exit_code == 0, shown.output
         assert "5/2" not in shown.stdout, args
         assert "5/5" in shown.stdout, args
+
+
+def test_a_lost_delivery_shows_the_steps_it_ran_before_its_worker_died(
+    tasks: App, store_url: str
+) -> None:
+    """A worker SIGKILLed after its delivery recorded steps: the lost attempt says how many it
+    ran (what it skipped is unknown), not 0/0."""
+    job = tasks.tasks[s.STEPS].enqueue(n=1)
+    proc = spawn_worker(store_url, APP, concurrency=1)
+    with workers(proc):
+        proc.wait_ready()
+        wait_until(lambda: len(getattr(tasks.operation("steps:1"), "steps", {})) >= 2)
+        proc.signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+    ran = len(tasks.operation("steps:1").steps)  # type: ignore[union-attr]
+    rescuer = spawn_worker(store_url, APP, concurrency=1)
+    with workers(rescuer):
+        rescuer.wait_ready()
+        wait_until(lambda: tasks.get_job(job.id).status == JobStatus.COMPLETED, timeout_s=30)
+    lost, done = tasks.attempts(job_id=job.id)
+    assert lost.outcome == Outcome.LOST
+    assert lost.steps_run == ran
+    assert (done.steps_run, done.steps_skipped) == (3 - ran, ran)
+
+    shown = run("--url", store_url, "attempts", "--job", str(job.id))
+    assert f"{ran}/?" in shown.stdout
+    as_json = json.loads(run("--url", store_url, "attempts", "--job", str(job.id), "--json").stdout)
+    assert as_json[0]["steps_run"] == ran

@@ -163,7 +163,7 @@ def attempts_table(title: str, attempts: Sequence[Attempt]) -> Table:
                 duration(a.duration_s),
                 a.lock_owner,
                 a.fence,
-                f"{a.steps_run}/{a.steps_skipped}",
+                f"{a.steps_run}/{'?' if a.never_reported else a.steps_skipped}",
                 f"{a.error_type}: {a.error_message}" if a.error_type else None,
             ]
             for a in attempts

@@ -155,11 +155,6 @@ def _span_of(attempt: Attempt, now: float) -> tuple[float, float]:
     return attempt.started_at, max(end, attempt.started_at)
 
 
-def _never_reported(attempt: Attempt) -> bool:
-    """A delivery closed as lost at takeover: its worker never said how long it ran."""
-    return attempt.outcome == Outcome.LOST and attempt.duration_s is None
-
-
 def _lost_bar(x: float, y: float, w: float, h: float, colour: str, span_s: float) -> list[str]:
     """Only the start of a lost delivery is known: a solid mark there, and an outline up to the
     takeover, when its worker had long stopped reporting (it died or froze somewhere inside)."""
@@ -192,7 +187,7 @@ def timeline(attempts: Sequence[Attempt], now: float) -> Markup:
         colour = COLOURS.get(attempt.outcome, "#555")
         label = f"#{attempt.attempt} {attempt.worker_id}"[:24]
         body.append(_text(4, y + 15, f"{label} {attempt.outcome.value}"))
-        if _never_reported(attempt):
+        if attempt.never_reported:
             body.extend(_lost_bar(x, y + 3, w, row_h - 8, colour, e - s))
             continue
         body.append(

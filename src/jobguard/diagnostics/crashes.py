@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, ids
-from jobguard.models import Attempt, Job, JobStatus, Outcome
+from jobguard.models import Attempt, Job, JobStatus
 
 MIN_CRASHES = 2
 
@@ -40,7 +40,7 @@ class CrashLoop:
 
 def crashed(attempt: Attempt) -> bool:
     """Whether the delivery died with its worker: closed as lost at takeover, never reported."""
-    return attempt.outcome == Outcome.LOST and attempt.duration_s is None
+    return attempt.never_reported
 
 
 def find_crash_loops(

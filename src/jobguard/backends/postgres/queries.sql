@@ -46,7 +46,12 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: close_lost_attempts
-UPDATE {schema}.attempts SET outcome = 'lost', ended_at = %(now)s
+-- A lost delivery never reported its counts: the steps it ran are those of its operation
+-- recorded since it started (a later delivery has not run yet: this closes it at the takeover).
+UPDATE {schema}.attempts SET outcome = 'lost', ended_at = %(now)s,
+    steps_run = (SELECT count(*) FROM {schema}.steps
+                 WHERE steps.operation_key = attempts.operation_key
+                   AND steps.created_at >= attempts.started_at)
 WHERE lease_token = ANY(%(tokens)s::text[]) AND outcome = 'running';
 
 -- name: bury_lost

@@ -44,7 +44,12 @@ ORDER BY priority DESC, available_at, id
 LIMIT :limit;
 
 -- name: close_lost_attempts
-UPDATE attempts SET outcome = 'lost', ended_at = :now
+-- A lost delivery never reported its counts: the steps it ran are those of its operation
+-- recorded since it started (a later delivery has not run yet: this closes it at the takeover).
+UPDATE attempts SET outcome = 'lost', ended_at = :now,
+    steps_run = (SELECT count(*) FROM steps
+                 WHERE steps.operation_key = attempts.operation_key
+                   AND steps.created_at >= attempts.started_at)
 WHERE lease_token IN (SELECT value FROM json_each(:tokens)) AND outcome = 'running';
 
 -- name: bury_lost
