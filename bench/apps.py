@@ -55,3 +55,18 @@ def full(ctx: Context, n: int, t: float) -> None:
     """The full guard: lease + lock + operation record + one ``db_step`` inserting a business
     row into the store's own database (committed with the step record) + atomic finish."""
     ctx.db_step("effect", _insert_effect, n, t, time.time())
+
+
+@app.task(
+    name="full_retry",
+    queue="retry",
+    operation_key="bench-retry:{n}",
+    resource_key="bench-res:{n}",
+    backoff_base_s=0.0,
+)
+def full_retry(ctx: Context, n: int, t: float) -> None:
+    """The full guard under a retry storm: the first attempt of every third job fails with a
+    transient error before its ``db_step``, and the job is retried at once."""
+    if n % 3 == 0 and ctx.attempt == 1:
+        raise ConnectionError("bench: the first attempt of every third job fails")
+    ctx.db_step("effect", _insert_effect, n, t, time.time())

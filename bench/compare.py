@@ -173,6 +173,17 @@ def jobguard_lines(
             )
             say(render(line))
             found.append(line)
+        storm = again(
+            say,
+            f"jobguard {store} retry 2x{concurrency}",
+            partial(runs.drain, "retry", args.jobs, args.workers, concurrency),
+        )
+        if storm.effects is not None:
+            say(
+                f"  (jobguard {store} full c={concurrency}, a third of the jobs failing once and "
+                f"retried: {storm.effects.rows / storm.effects.span_s:.0f} jobs/s, CPU "
+                f"{storm.cpu.per_job_ms(storm.jobs)} ms per job)"
+            )
     return found
 
 

@@ -10,7 +10,7 @@ from bench import procs
 from bench.measure import EFFECT_ROWS, Cpu, Effects, Sent, load, pace, read_effects
 from bench.stores import BenchStore
 
-QUEUE_OF = {"plain": "plain", "full": "full"}
+QUEUE_OF = {"plain": "plain", "full": "full", "retry": "retry"}
 
 
 @dataclass
@@ -58,6 +58,8 @@ class JobguardRuns:
             numbers = range(start, min(jobs, start + 1000))
             if mode == "plain":
                 module.noop.enqueue_many({"n": n} for n in numbers)
+            elif mode == "retry":
+                module.full_retry.enqueue_many({"n": n, "t": now} for n in numbers)
             else:
                 module.full.enqueue_many({"n": n, "t": now} for n in numbers)
         module.app.close()
@@ -75,7 +77,7 @@ class JobguardRuns:
         if done != jobs:
             raise SystemExit(f"jobguard {self.kind} {mode}: only {done} of {jobs} jobs completed")
         effects = None
-        if mode == "full":
+        if mode in ("full", "retry"):
             effects = self._effects(store)
             if effects.rows != jobs or effects.distinct != jobs:
                 raise SystemExit(f"{effects.rows} business rows ({effects.distinct} distinct)")

@@ -93,6 +93,9 @@ def server_settings(url: str) -> str:
     with psycopg.connect(url) as conn:
         shown = [
             str(conn.execute(f"SHOW {name}").fetchall()[0][0])
-            for name in ("server_version", "synchronous_commit", "fsync")
+            for name in ("server_version", "synchronous_commit", "fsync", "autovacuum")
         ]
-    return f"PostgreSQL {shown[0]}, synchronous_commit={shown[1]}, fsync={shown[2]}"
+    return (
+        f"PostgreSQL {shown[0]}, synchronous_commit={shown[1]}, fsync={shown[2]}, "
+        f"autovacuum={shown[3]} (each run in a fresh database; see docs/operations.md)"
+    )

@@ -8,13 +8,21 @@ Usage (from the repository root, after ``pip install -e '.[postgres,bench]'``)::
 A worker runs in this process (``Worker.run(burst=True)``) over a prefilled queue in a
 throw-away database; every statement psycopg sends is counted by name (jobguard's named
 statements, the task's own insert, and BEGIN/COMMIT/SAVEPOINT/RELEASE of the transactions).
-Each is one round trip to the server. Round trips, not time, are what this measures: they set
-the CPU per job of the worker and of the server, and so the throughput on a small machine.
+Outside psycopg's pipeline mode each is one round trip to the server; inside it, statements
+travel together and the client waits only where it needs an answer, so "round trips" counts
+those waits (a sync or a fetch with results outstanding) and "statements" what was sent.
+Round trips, rows written and CPU, not time, are what this measures: they set the cost per job
+for the worker and for the server, and so the throughput on a small machine, and do not depend
+on what else the machine runs. Rows written are the store tables' inserted, updated and deleted
+rows (``pg_stat_user_tables``); server CPU is that of the worker's own server processes
+(``/proc``, so the server must run on this host). The server's ``autovacuum`` setting is
+printed: the bench machine runs with it off (see docs/operations.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from collections import Counter
@@ -24,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import _pipeline_base
 
 from bench.measure import load
 from bench.pgdb import scratch_database
@@ -33,58 +42,143 @@ from jobguard.worker import Worker
 
 
 @contextmanager
-def counting(names: dict[str, str]) -> Iterator[Counter[str]]:
-    """Count every statement psycopg runs in this process, by jobguard's name where known."""
+def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]]]:
+    """Count every statement psycopg runs in this process, by jobguard's name where known, and
+    every wait for the server (a round trip): ``(statements, waits)``."""
     counts: Counter[str] = Counter()
+    waits: Counter[str] = Counter()
     execute = psycopg.Cursor.execute
     transaction = psycopg.Connection.transaction
+    fetch_gen = _pipeline_base.BasePipeline._fetch_gen
 
     def counted_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
         text = query if isinstance(query, str) else query.as_string(self.connection)
-        counts[names.get(text, text.split()[0].upper())] += 1
+        name = names.get(text, text.split()[0].upper())
+        counts[name] += 1
+        if self.connection._pipeline is None:
+            waits[name] += 1
         return execute(self, query, params, **options)
 
     @contextmanager
     def counted_transaction(self: Any, *args: Any, **options: Any) -> Iterator[Any]:
         nested = self.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        counts["SAVEPOINT + RELEASE" if nested else "BEGIN + COMMIT"] += 2
+        name = "SAVEPOINT + RELEASE" if nested else "BEGIN + COMMIT"
+        counts[name] += 2
+        if self._pipeline is None:
+            waits[name] += 2
         with transaction(self, *args, **options) as tx:
             yield tx
 
+    def counted_fetch_gen(self: Any, *, flush: bool) -> Any:
+        if self.result_queue:
+            waits["(pipeline: sync or fetch)"] += 1
+        return fetch_gen(self, flush=flush)
+
     psycopg.Cursor.execute = counted_execute  # type: ignore[assignment,method-assign]
     psycopg.Connection.transaction = counted_transaction  # type: ignore[assignment,method-assign]
+    _pipeline_base.BasePipeline._fetch_gen = counted_fetch_gen  # type: ignore[method-assign]
     try:
-        yield counts
+        yield counts, waits
     finally:
         psycopg.Cursor.execute = execute  # type: ignore[method-assign]
         psycopg.Connection.transaction = transaction  # type: ignore[method-assign]
+        _pipeline_base.BasePipeline._fetch_gen = fetch_gen  # type: ignore[method-assign]
+
+
+def rows_written(url: str, schema: str) -> Counter[str]:
+    """Rows inserted, updated and deleted so far in each of the store's tables (the server's
+    counts)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables"
+            " WHERE schemaname = %s OR relname = 'bench_effects'",
+            [schema],
+        ).fetchall()
+    return Counter({str(name): int(count) for name, count in found})
+
+
+def server_cpu_s(url: str) -> float:
+    """CPU seconds used so far by this process's server connections (they are named after it)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        pids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                [f"jobguard:{os.getpid()}"],
+            )
+        ]
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # on another host, or gone
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def autovacuum(url: str) -> str:
+    """The server's autovacuum setting."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 def main() -> None:
     """Prefill, drain in-process while counting, print round trips per job."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--job", choices=("full", "plain"), default="full")
+    parser.add_argument(
+        "--job",
+        choices=("full", "plain", "retry"),
+        default="full",
+        help="full guard, plain, or the full guard with a third of the jobs retrying once",
+    )
     parser.add_argument("--jobs", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
     with scratch_database() as url:
         store = BenchStore("postgres", url, Path(tempfile.mkdtemp()), "round_trips")
         module = load("bench.apps", store.url)
+        # Before the enqueue, so every job's insert counts (the enqueue is part of its cost).
+        written_before = rows_written(url, store.schema)
         now = time.time()
         if args.job == "full":
             module.full.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
+        elif args.job == "retry":
+            module.full_retry.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
         else:
             module.noop.enqueue_many({"n": n} for n in range(args.jobs))
         names = {text: name for name, text in render_queries(store.schema).items()}
         worker = Worker(module.app, queues=[args.job], concurrency=args.concurrency)
-        with counting(names) as counts:
+        cpu_before = time.process_time()
+        with counting(names) as (counts, waits):
             worker.run(burst=True)
+        worker_cpu = time.process_time() - cpu_before
+        server_cpu = server_cpu_s(url)
         module.app.close()
+        time.sleep(2.0)  # the server processes report their row counts as they exit
+        written = rows_written(url, store.schema)
+        written.subtract(written_before)
         done = store.completed()
-    print(f"{args.jobs} {args.job} jobs, 1 worker process x {args.concurrency} threads")
-    print(f"completed: {done}; round trips per job: {sum(counts.values()) / args.jobs:.1f}")
+        vacuum = autovacuum(url)
+    jobs = args.jobs
+    print(f"{jobs} {args.job} jobs, 1 worker process x {args.concurrency} threads")
+    print(f"(server autovacuum: {vacuum}; each run starts from a fresh database)")
+    print(f"completed: {done}; round trips per job: {sum(waits.values()) / jobs:.1f}")
+    print(f"statements per job: {sum(counts.values()) / jobs:.1f}")
+    rows = ", ".join(f"{name} {count / jobs:.2f}" for name, count in written.most_common() if count)
+    print(f"rows written per job: {sum(written.values()) / jobs:.1f} ({rows})")
+    print(
+        f"CPU per job: worker {worker_cpu / jobs * 1e3:.3f} ms, "
+        f"server {server_cpu / jobs * 1e3:.3f} ms (its connections)"
+    )
+    print("round trips by statement:")
+    for name, count in waits.most_common():
+        print(f"{count / jobs:7.2f}  {name}")
+    print("statements:")
     for name, count in counts.most_common():
-        print(f"{count / args.jobs:7.2f}  {name}")
+        print(f"{count / jobs:7.2f}  {name}")
 
 
 if __name__ == "__main__":
