@@ -195,14 +195,22 @@ class Leases:
         worker_id: str,
         now: float,
     ) -> list[Delivery]:
-        """New leases for ``picked`` (one statement per lease length), each with an attempt row."""
-        by_lease: dict[float | None, list[int]] = {}
+        """New leases for ``picked`` (one statement per lease length and attempt limit), each
+        with an attempt row; the row keeps the attempt limit the worker enforces."""
+        by_rule: dict[tuple[float | None, int | None], list[int]] = {}
         for row in picked:
             rule = rules.get(row["task"])
-            by_lease.setdefault(rule.visibility_timeout_s if rule else None, []).append(row["id"])
+            key = (rule.visibility_timeout_s, rule.max_attempts) if rule else (None, None)
+            by_rule.setdefault(key, []).append(row["id"])
         leased: dict[int, Row] = {}
-        for lease_s, ids in by_lease.items():
-            params = {"ids": ids, "worker_id": worker_id, "lease_s": lease_s, "now": now}
+        for (lease_s, max_attempts), ids in by_rule.items():
+            params = {
+                "ids": ids,
+                "worker_id": worker_id,
+                "lease_s": lease_s,
+                "max_attempts": max_attempts,
+                "now": now,
+            }
             leased.update((row["id"], row) for row in tx.all("lease_jobs", params))
         order = [row["id"] for row in picked]
         attempt_ids = {
