@@ -11,6 +11,9 @@ import pytest
 
 from jobguard import App
 
+# The test kit's own tests run inner pytest sessions (pytester).
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture(autouse=True)
 def _scrub_jobguard_environment(monkeypatch: pytest.MonkeyPatch) -> None:

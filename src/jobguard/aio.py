@@ -11,6 +11,7 @@ written by the same code. Store calls made from the coroutine (``ctx.step_async`
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Coroutine
@@ -47,7 +48,18 @@ class EventLoopThread:
         except RuntimeError:
             coroutine.close()  # never awaited: say nothing about it at garbage collection
             raise
-        result = asyncio.run_coroutine_threadsafe(_contained(coroutine), loop).result()
+        future = asyncio.run_coroutine_threadsafe(_contained(coroutine), loop)
+        try:
+            result = future.result()
+        except concurrent.futures.CancelledError:
+            if not self._closed:
+                raise
+            # Cancelled by close(), at shutdown, after the worker handed its lease back: like a
+            # sync handler still running when the worker exits, this delivery writes nothing
+            # more (a late retry or refusal would overwrite the attempt's `released`). The
+            # handler thread is a daemon: it waits here until the process ends.
+            threading.Event().wait()
+            raise AssertionError("unreachable") from None  # pragma: no cover
         if isinstance(result, _Exited):
             raise result.exc  # on the calling thread, which treats it as the job's failure
         return result
@@ -65,9 +77,17 @@ class EventLoopThread:
             future.result(timeout=CLOSE_TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=CLOSE_TIMEOUT_S)
-        if not thread.is_alive():
-            loop.run_until_complete(loop.shutdown_default_executor())
-            loop.close()
+        if thread.is_alive():
+            return  # still blocked by a handler: the daemon thread ends with the process
+        # A loop that was blocked past the timeout stopped with tasks left, the cancelling
+        # one included (it would cancel the executor's shutdown): cancel them all here.
+        leftover = list(asyncio.all_tasks(loop))
+        for task in leftover:
+            task.cancel()
+        if leftover:
+            loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
 
 
 class _Exited:

@@ -13,7 +13,13 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
-from jobguard.backends import DEFAULT_URL, check_store_url, migrate_store, open_backend
+from jobguard.backends import (
+    DEFAULT_URL,
+    check_store_url,
+    display_url,
+    migrate_store,
+    open_backend,
+)
 from jobguard.backends.base import Backend
 from jobguard.core import checks
 from jobguard.core.retry import RetryPolicy
@@ -104,7 +110,12 @@ class DeadLetterQueue:
         ``actor``, the replay is written to the audit trail under that name.
         """
         job_id = checks.job_id(job_id)
+        actor = checks.optional_text("actor", actor)
         job = self._app.backend.replay(job_id)
+        resend = self._app.host_replays.get(job.task)
+        if resend is not None:
+            # A guarded task of another queue: its host delivers it, so send it there again.
+            resend(job)
         if actor is not None:
             self._app.backend.record_audit(actor, "replay", f"job {job_id}", job.task)
         return job
@@ -115,6 +126,7 @@ class DeadLetterQueue:
         With ``actor``, the purge is written to the audit trail under that name.
         """
         job_id = None if job_id is None else checks.job_id(job_id)
+        actor = checks.optional_text("actor", actor)
         purged = self._app.backend.purge(job_id)
         if actor is not None:
             target = "all dead jobs" if job_id is None else f"job {job_id}"
@@ -155,8 +167,9 @@ class App:
             self.url = backend.url  # as the backend shows it (a password masked)
             self._migrate_url: str | None = None
         else:
-            self.url = check_store_url(DEFAULT_URL if url is None else url)
-            self._migrate_url = self.url
+            checked = check_store_url(DEFAULT_URL if url is None else url)
+            self.url = display_url(checked)  # what may be shown: a password masked
+            self._migrate_url = checked
         self._backend = backend
         self._backend_lock = threading.Lock()
         self.max_payload_bytes = max_payload_bytes
@@ -164,7 +177,15 @@ class App:
         self.hooks: Hooks = contained(hooks or Hooks())
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
+        # Guarded tasks of host queues (jobguard.hosts): how a replayed job is sent again.
+        self.host_replays: dict[str, Callable[[Job], None]] = {}
         self.dlq = DeadLetterQueue(self)
+
+    @property
+    def store_url(self) -> str | None:
+        """The URL the store is opened from, as given (``None`` for an App made from a backend
+        object): what another process needs to open the same store."""
+        return self._migrate_url
 
     @property
     def backend(self) -> Backend:
@@ -172,7 +193,8 @@ class App:
         if self._backend is None:
             with self._backend_lock:
                 if self._backend is None:
-                    self._backend = open_backend(self.url)
+                    assert self._migrate_url is not None  # set whenever no backend was given
+                    self._backend = open_backend(self._migrate_url)
         return self._backend
 
     def migrate(self, *, dry_run: bool = False) -> tuple[int, list[str]]:
@@ -488,6 +510,8 @@ class App:
         """Newest jobs first, matching every filter given; ``limit`` of them from ``offset``."""
         if not 1 <= limit <= MAX_PAGE or offset < 0:
             raise ConfigurationError(f"limit must be 1..{MAX_PAGE} and offset >= 0")
+        queue = checks.optional_text("queue", queue)
+        task = checks.optional_text("task", task)
         return self.backend.find_jobs(
             status=status, queue=queue, task=task, limit=limit, offset=offset
         )
@@ -513,12 +537,13 @@ class App:
         """The attempt log (G10.1) of a job, an operation, or the most recent attempts."""
         if job_id is not None:
             checks.job_id(job_id)
+        operation_key = checks.optional_text("operation key", operation_key)
         limit = checks.count("limit", limit)
         return self.backend.attempts(job_id=job_id, operation_key=operation_key, limit=limit)
 
     def operation(self, key: str) -> Operation | None:
         """The operation record for ``key`` with its completed steps, or ``None``."""
-        return self.backend.get_operation(key)
+        return self.backend.get_operation(checks.text("operation key", key))
 
     def diagnose(
         self, *, task: str | None = None, since_s: float | None = None, limit: int = 5000
@@ -533,6 +558,7 @@ class App:
 
         since_s = checks.optional_seconds("since_s", since_s, positive=True)
         limit = checks.count("limit", limit)
+        task = checks.optional_text("task", task)
         return diagnose(read_snapshot(self.backend, task=task, since_s=since_s, limit=limit))
 
     # -- running --------------------------------------------------------------------------------
@@ -554,6 +580,7 @@ class App:
         The grant's ``fence`` is strictly larger than any fence issued before for ``resource``.
         """
         ttl_s = checks.seconds("ttl_s", ttl_s, positive=True)
+        resource = checks.text("resource", resource)
         owner = f"lock/{secrets.token_hex(8)}"
         grant = self.backend.acquire_lock(resource, owner, ttl_s)
         if grant is None:

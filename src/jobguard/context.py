@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from jobguard.core import messages
 from jobguard.core.jsonvalues import inexact_part
 from jobguard.core.keys import idempotency_key
 from jobguard.core.text import storable
@@ -18,6 +19,7 @@ from jobguard.hooks import Hooks
 if TYPE_CHECKING:
     from jobguard.backends.base import Backend, Begun
     from jobguard.models import Delivery, Guard
+    from jobguard.steptx import StepTransactions
 
 T = TypeVar("T")
 
@@ -41,6 +43,11 @@ class InFlight:
         # A plain flag, not an Event: it is only ever set once and read, and one is made per job.
         self.lost = False
         self.lost_reason = ""
+        # Lost by this worker's clock only (no renewal got through for a lease length); the
+        # store may still hold it as ours, so the heartbeat keeps renewing it.
+        self.judged_lost = False
+        # A crash-loop suspect (its last attempt was lost): its worker runs it alone.
+        self.solo = False
         self.started = False  # taken by a handler thread: shutdown waits for it, not releases it
         self.finishing = False  # handler done; its ending waits in the settler's batch
         # The pipeline is writing how the delivery ends: a refusal of that write reports a lost
@@ -48,14 +55,41 @@ class InFlight:
         self.closing = False
         self.begun: Begun | None = None
         self.context: Context | None = None
-        # When the lease was last known to be ours (monotonic): fetched, or renewed.
+        # When the lease was last known to be ours, on this worker's monotonic clock: fetched,
+        # or the start of the last renewal that succeeded (the store extended it after that).
         self.renewed_at = time.monotonic()
+        # The longest time the heartbeat overslept while this delivery was held (monotonic): the
+        # whole process stood still (stopped, a paused VM, swapping), not the handler alone.
+        self.stalled_s = 0.0
 
-    def mark_lost(self, reason: str) -> None:
-        """Record that the lease or lock is gone; the handler's writes will be refused."""
-        if not self.lost:
-            self.lost_reason = reason
-            self.lost = True
+    def mark_lost(self, reason: str) -> bool:
+        """Record that the lease or lock is gone; the handler's writes will be refused.
+
+        Returns whether this call marked it (False: it was lost already).
+        """
+        if self.lost:
+            return False
+        self.lost_reason = reason
+        self.lost = True
+        return True
+
+    def guarded_s(self) -> float:
+        """How long one renewal keeps this delivery: its lease, or its lock's TTL if shorter."""
+        period = self.delivery.visibility_timeout_s
+        if self.guard.lock is not None and self.lock_ttl_s:
+            period = min(period, self.lock_ttl_s)
+        return period
+
+    def overdue(self, now: float | None = None) -> bool:
+        """Mark the delivery lost once a lease length passed since the last renewal that
+        succeeded, whatever the renewal in progress does (it may hang on a dead network);
+        True when this call marked it. A delivery whose handler is done is judged by its
+        final write instead."""
+        elapsed = (time.monotonic() if now is None else now) - self.renewed_at
+        if self.lost or self.closing or elapsed < self.guarded_s():
+            return False
+        self.judged_lost = self.mark_lost(messages.lease_overdue(elapsed, self.guarded_s()))
+        return self.judged_lost
 
 
 class Context:
@@ -106,8 +140,17 @@ class Context:
 
     @property
     def lease_lost(self) -> bool:
-        """True once the heartbeat found the lease (or lock) taken over; stop work early."""
-        return self._inflight.lost
+        """True once the lease (or lock) may be another worker's; stop work early.
+
+        It turns true when the heartbeat finds the lease taken over, and, on this worker's
+        own monotonic clock, once a whole lease length passed since the last renewal that
+        succeeded, even while a renewal hangs on a network that stopped answering. It never
+        turns false again.
+        """
+        inflight = self._inflight
+        if inflight.overdue():
+            self._hooks.lease_lost(inflight.delivery, inflight.lost_reason)
+        return inflight.lost
 
     def idempotency_key(self, name: str) -> str:
         """A key for an external API call, stable across attempts and replays (G4.4)."""
@@ -211,13 +254,19 @@ class Context:
             value = self._checked("step_async", name, result)
             return await asyncio.to_thread(self._recorded, key, name, value)
 
-    def db_step(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+    def db_step(
+        self, name: str, fn: Callable[..., T], *args: Any, on: StepTransactions | None = None
+    ) -> T:
         """Run ``fn(conn, *args)`` in one transaction with the step record (guarantee G5.2).
 
         ``conn`` offers ``execute``/``executemany`` on the app's own database; business rows
         written there commit if and only if the step record commits, exactly once per operation.
         Names and results follow the rules of :meth:`step`; a result that would not come back
         unchanged rolls the transaction back, so its rows are not written either.
+
+        With ``on`` (e.g. :class:`jobguard.contrib.sqlalchemy.SQLAlchemySteps`, or
+        :class:`jobguard.contrib.django.DjangoSteps`) the transaction runs on that framework's
+        connection to the store's database and ``fn`` gets its handle (a session) instead.
         """
         key, done = self._claim_step("db_step", name)
         if done:
@@ -233,7 +282,7 @@ class Context:
             return self._checked("db_step", name, fn(conn, *fn_args))
 
         with self._hooks.running_step(self._inflight.delivery, name):
-            ran, value = self._backend.db_step(self._inflight.guard, key, name, checked, args)
+            ran, value = self._backend.db_step(self._inflight.guard, key, name, checked, args, on)
         self._steps[name] = value
         if ran:
             self.steps_run += 1
@@ -242,6 +291,11 @@ class Context:
         result: T = value
         return result
 
-    async def db_step_async(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """:meth:`db_step` for async code: the transaction runs on a thread, off the loop."""
-        return await asyncio.to_thread(self.db_step, name, fn, *args)
+    async def db_step_async(
+        self, name: str, fn: Callable[..., Any], *args: Any, on: StepTransactions | None = None
+    ) -> Any:
+        """:meth:`db_step` for async code: the transaction runs on a thread, off the loop.
+
+        ``fn`` is a plain function (it runs on that thread); ``on`` as in :meth:`db_step`.
+        """
+        return await asyncio.to_thread(self.db_step, name, fn, *args, on=on)

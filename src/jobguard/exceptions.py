@@ -12,7 +12,8 @@
     │   └── UnknownTaskError        no task of that name is registered
     ├── NotFoundError               no job / operation / dead job with that id
     ├── DuplicateJobError           a replay would make a second live job for one dedup key
-    ├── StoreUnavailableError       the database went away or is locked past its timeout
+    ├── StoreUnavailableError       the database went away or is locked past its timeout (also
+    │   │                           under a ``db_step``: its connection lost or timed out)
     │   └── StoreBrokenError        the store cannot be used as it is (retrying will not help)
     ├── StepSQLError                the SQL of a ``db_step`` function failed (wraps the driver's)
     ├── GuardLost                   this worker no longer owns the delivery; its writes are refused
@@ -87,7 +88,10 @@ class StoreBrokenError(StoreUnavailableError):
 class StepSQLError(JobGuardError):
     """A statement of a ``ctx.db_step()`` function failed; the driver's error is ``__cause__``.
 
-    Nothing of the step committed. Raised the same way on every SQL backend, so a handler never
+    The step's own SQL failed (a constraint, a syntax error, a statement that would end the
+    step's transaction); a connection or server failing under the step is a
+    :class:`StoreUnavailableError` instead, which is always retried. Nothing of the step
+    committed. Raised the same way on every SQL backend, so a handler never
     imports a database driver to recognise it.
     """
 

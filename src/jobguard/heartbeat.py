@@ -1,6 +1,9 @@
 """The heartbeat: extends every in-flight lease and lock while the worker lives (G2.2, G3.3).
 
 A store error is expected (the store may hiccup): it is reported and the next beat tries again.
+A wait that overslept by a whole beat or more means the process stood still (stopped, a paused
+VM, swapping): each delivery in flight remembers the longest such stall, so a lease lost to it
+is recorded as a stall, not as a slow handler.
 Anything else means the heartbeat cannot do its job; it never dies silently: it hands the error
 to ``on_failure`` (the worker then stops taking work and says why) and stops.
 """
@@ -69,9 +72,17 @@ class Heartbeat(threading.Thread):
             while not self._stopped.is_set():
                 # A poke (new deliveries) only shortens the wait when their leases need it: a
                 # fetch must not renew every lease in flight, or a busy worker renews per fetch.
-                due = last_beat + renewal_interval_s(self._snapshot())
-                self._wake.wait(max(0.0, due - time.monotonic()))
+                interval_s = renewal_interval_s(self._snapshot())
+                due = last_beat + interval_s
+                timeout_s = max(0.0, due - time.monotonic())
+                slept_from = time.monotonic()
+                poked = self._wake.wait(timeout_s)
                 self._wake.clear()
+                if not poked:
+                    overslept_s = time.monotonic() - slept_from - timeout_s
+                    if overslept_s >= interval_s:  # a whole beat missed: the process stood still
+                        for item in self._snapshot():
+                            item.stalled_s = max(item.stalled_s, overslept_s)
                 if self._stopped.is_set():
                     return
                 if time.monotonic() >= due:
@@ -84,22 +95,29 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         """Renew everything in flight once; mark the lost ones."""
-        current = [item for item in self._snapshot() if not item.lost]
+        snapshot = self._snapshot()
+        beat_at = time.monotonic()
+        for item in snapshot:
+            if item.overdue(beat_at):  # the last beat hung or failed for a whole lease length
+                self._hooks.lease_lost(item.delivery, item.lost_reason)
+        # Judged lost on this worker's clock is not taken over: such a lease is still renewed,
+        # so that while it may be ours no other worker gets the job.
+        current = [item for item in snapshot if not item.lost or item.judged_lost]
         if not current:
             return
         renewals = [
             Renewal(item.guard, item.delivery.visibility_timeout_s, item.lock_ttl_s)
             for item in current
         ]
-        beat_at = time.monotonic()
         try:
             results = self._backend.renew(renewals)
         except JobGuardError as exc:
             self._hooks.store_error("heartbeat", exc)
-            self._give_up_unrenewable(current, beat_at)
+            self._give_up_unrenewable(current)
             return
         for item in current:
-            item.renewed_at = beat_at
+            if not item.lost:  # judged lost while the renewal was on its way: that stays
+                item.renewed_at = beat_at
         self._hooks.leases_renewed(sum(r.lease_ok and r.lock_ok for r in results))
         for item, result in zip(current, results, strict=True):
             if item.closing:
@@ -110,17 +128,14 @@ class Heartbeat(threading.Thread):
                 reason = "resource lock expired and was taken over"
             else:
                 continue
-            item.mark_lost(reason)
-            self._hooks.lease_lost(item.delivery, reason)
+            item.judged_lost = False  # confirmed: the store says so
+            if item.mark_lost(reason):
+                self._hooks.lease_lost(item.delivery, reason)
 
-    def _give_up_unrenewable(self, current: list[InFlight], now: float) -> None:
+    def _give_up_unrenewable(self, current: list[InFlight]) -> None:
         """The store cannot be reached: a lease not renewed for its whole length may have
         expired and been given to another worker, so treat it as lost (the handler sees
         ``ctx.lease_lost``; the store refuses its writes if it was taken over)."""
         for item in current:
-            if item.closing:
-                continue  # its own final write is the judge, as above
-            if now - item.renewed_at >= item.delivery.visibility_timeout_s:
-                reason = "lease could not be renewed (store unreachable) and may have expired"
-                item.mark_lost(reason)
-                self._hooks.lease_lost(item.delivery, reason)
+            if item.overdue(time.monotonic()):
+                self._hooks.lease_lost(item.delivery, item.lost_reason)

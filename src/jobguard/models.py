@@ -9,7 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
+
+
+class StoredEnum(StrEnum):
+    """A value the store records, which a newer jobguard may extend."""
+
+    @classmethod
+    def stored(cls, value: str) -> Self:
+        """The member stored as ``value``; for text this version does not know (a newer one
+        wrote it), a stand-in named ``UNKNOWN`` that carries the text, so that reading such a
+        row shows it instead of failing. Equal to its text, and to no member."""
+        try:
+            return cls(value)
+        except ValueError:
+            unknown = str.__new__(cls, value)
+            unknown._name_ = "UNKNOWN"
+            unknown._value_ = value
+            return unknown
 
 
 class JobStatus(StrEnum):
@@ -21,7 +38,7 @@ class JobStatus(StrEnum):
     DEAD = "dead"
 
 
-class OperationStatus(StrEnum):
+class OperationStatus(StoredEnum):
     """State of the durable record of one business action (G4.2)."""
 
     PROCESSING = "processing"
@@ -29,7 +46,7 @@ class OperationStatus(StrEnum):
     FAILED = "failed"
 
 
-class Outcome(StrEnum):
+class Outcome(StoredEnum):
     """How one delivery (attempt) ended; recorded in the attempt log (G10.1)."""
 
     RUNNING = "running"
@@ -44,7 +61,7 @@ class Outcome(StrEnum):
     FENCE_REFUSED = "fence_refused"
 
 
-class DeadCode(StrEnum):
+class DeadCode(StoredEnum):
     """Why a job is in the dead letter queue, as the store records it."""
 
     FATAL = "fatal"  # the handler raised an error that is never retried
@@ -63,8 +80,14 @@ class BusyReason(StrEnum):
 
 
 def to_datetime(ts: float | None) -> datetime | None:
-    """Convert store seconds to an aware UTC datetime (``None`` stays ``None``)."""
-    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
+    """Convert store seconds to an aware UTC datetime (``None`` stays ``None``, and so does a
+    number no date can express: infinite, NaN, past year 9999)."""
+    if ts is None:
+        return None
+    try:
+        return datetime.fromtimestamp(ts, tz=UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +224,16 @@ class Attempt:
     traceback: str | None
     steps_run: int
     steps_skipped: int
+    host_delivery: str | None = None
+    """The host queue's own id of the delivery (Celery task id, RQ job id, Dramatiq message
+    id) when a host queue's task is guarded (:mod:`jobguard.hosts`); ``None`` otherwise."""
+
+    @property
+    def never_reported(self) -> bool:
+        """Closed as lost when its lease was taken over: its worker died or froze and never
+        said how long it ran or which steps it skipped (``steps_run`` counts the steps it
+        recorded)."""
+        return self.outcome == Outcome.LOST and self.duration_s is None
 
 
 @dataclass(frozen=True, slots=True)

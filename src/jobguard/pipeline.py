@@ -45,6 +45,7 @@ from jobguard.core.jsonvalues import MAX_NESTING, decode_object, too_deep
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
 from jobguard.core.text import MAX_TRACEBACK_CHARS, describe, storable
 from jobguard.exceptions import Fatal, GuardLost, JobGuardError, StaleFenceError
+from jobguard.failures import history_for
 from jobguard.hooks import AttemptEvent
 from jobguard.models import DeadCode, Delivery, Guard, OperationStatus, Outcome
 
@@ -289,12 +290,15 @@ class Pipeline:
         delivery = inflight.delivery
         signature = error_signature(exc)
         same = delivery.same_error_count + 1 if signature == delivery.error_signature else 1
+        # Poison only when this job's failure stands out: the attempt log says (read only then).
+        history = history_for(self.backend, delivery, exc, task.policy, same, self.backend.now)
         decision: Decision = decide(
             exc,
             attempt=delivery.attempt,
             policy=task.policy,
             same_signature_count=same,
             rng=self.rng,
+            history=history,
         )
         error = ErrorInfo(
             type=storable(type(exc).__name__),
@@ -332,6 +336,8 @@ class Pipeline:
         stale work is discarded.
         """
         reason = describe(exc)
+        if inflight.stalled_s:  # the process stood still: say so, it is not a slow handler
+            reason += messages.stood_still(inflight.stalled_s)
         inflight.mark_lost(reason)
         error = ErrorInfo(type(exc).__name__, reason)
         if isinstance(exc, StaleFenceError):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from jobguard.core import checks
 from jobguard.core.keys import template_fields
 from jobguard.core.schedules import (
     Missed,
@@ -20,6 +21,7 @@ from jobguard.core.schedules import (
     jitter_offset_s,
     next_ticks,
     parse_tick_text,
+    tick_key,
     tick_text,
 )
 from jobguard.exceptions import ConfigurationError, Fatal
@@ -27,11 +29,6 @@ from jobguard.models import JobSpec
 from jobguard.task import CallOptions, Task
 
 TICK_ARGUMENT = "tick"
-
-
-def tick_key(name: str, tick: int) -> str:
-    """The dedup key (and default operation key) of one tick: ``schedule:NAME@TICK``."""
-    return f"schedule:{name}@{tick_text(tick)}"
 
 
 def check_tick_handler(name: str, fn: Callable[..., Any]) -> None:
@@ -73,10 +70,12 @@ class Schedule:
         jitter_s: float,
         dedup_window_s: float,
     ) -> None:
-        if grace_s < 0 or jitter_s < 0 or dedup_window_s < 0:
-            raise ConfigurationError(
-                f"periodic task {task.name!r}: grace_s, jitter_s and dedup_window_s must be >= 0"
-            )
+        try:
+            grace_s = checks.seconds("grace_s", grace_s)
+            jitter_s = checks.seconds("jitter_s", jitter_s)
+            dedup_window_s = checks.seconds("dedup_window_s", dedup_window_s)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"periodic task {task.name!r}: {exc}") from None
         self.task = task
         self.fn = fn
         self.trigger = trigger

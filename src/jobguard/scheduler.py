@@ -16,8 +16,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from jobguard.core import checks
 from jobguard.core.schedules import next_tick, plan_ticks
-from jobguard.exceptions import ConfigurationError, JobGuardError, StoreBrokenError
+from jobguard.exceptions import (
+    ConfigurationError,
+    JobGuardError,
+    StoreBrokenError,
+    StoreUnavailableError,
+)
 from jobguard.models import Job
 from jobguard.process import default_process_id, on_stop_signals
 
@@ -54,11 +60,13 @@ class SchedulerHost(Protocol):
 
 @dataclass
 class SchedulerStats:
-    """What one scheduler did: passes made, jobs it enqueued, races it lost to another."""
+    """What one scheduler did: passes made, jobs it enqueued, races it lost to another, and
+    how many times one schedule failed in a pass (the others went on)."""
 
     passes: int = 0
     enqueued: int = 0
     races_lost: int = 0
+    failed: int = 0
 
 
 class Scheduler:
@@ -82,8 +90,7 @@ class Scheduler:
         scheduler_id: str | None = None,
         install_signal_handlers: bool = True,
     ) -> None:
-        if poll_interval_s <= 0:
-            raise ConfigurationError("poll_interval_s must be > 0")
+        poll_interval_s = checks.seconds("poll_interval_s", poll_interval_s, positive=True)
         if not app.schedules:
             raise ConfigurationError("the app declares no schedule (use @app.periodic)")
         unknown = sorted(set(names or ()) - set(app.schedules))
@@ -99,6 +106,8 @@ class Scheduler:
         self.install_signal_handlers = install_signal_handlers
         self.stats = SchedulerStats()
         self.failure: StoreBrokenError | None = None
+        # Schedules that failed in the last pass, with the reason (the others were enqueued).
+        self.failures: dict[str, str] = {}
         # A plain flag, not an Event: a signal handler runs on the main thread, which may be
         # inside Event.wait holding the event's (non-reentrant) lock at that very moment.
         self._stop_requested = False
@@ -112,6 +121,8 @@ class Scheduler:
 
         Raises :class:`~jobguard.exceptions.StoreBrokenError` if the store cannot be used as it
         is: its SQLite file deleted or replaced (checked before anything is read), or read-only.
+        A schedule that fails for any other reason is skipped for this pass, with its reason in
+        :attr:`failures`, and the others are enqueued all the same.
         """
         backend = self.app.backend
         # A deleted or replaced SQLite file still answers reads and writes on the connections
@@ -119,26 +130,40 @@ class Scheduler:
         backend.check_usable()
         cursors = {state.name: state.cursor for state in backend.schedule_states()}
         stored: list[Job] = []
+        self.failures = {}
         for schedule in self.schedules:
-            cursor = cursors.get(schedule.name)
-            for _ in range(MAX_RACES):
-                now = backend.now()
-                plan = plan_ticks(schedule.trigger, schedule.missed, schedule.grace_s, cursor, now)
-                if plan is None:
-                    break
-                specs = [(tick, schedule.tick_spec(tick, now)) for tick in plan.ticks]
-                jobs = backend.advance_schedule(schedule.name, cursor, plan.cursor, specs)
-                if jobs is not None:
-                    stored.extend(job for job in jobs if not job.deduplicated)
-                    break
-                self.stats.races_lost += 1
-                cursor = next(
-                    (s.cursor for s in backend.schedule_states() if s.name == schedule.name),
-                    None,
-                )
+            try:
+                stored.extend(self._advance(schedule, cursors.get(schedule.name)))
+            except StoreUnavailableError:
+                raise  # the store, not this schedule: the whole pass is retried
+            except Exception as exc:
+                # One schedule's failure must not silence the ones after it.
+                reason = f"{type(exc).__name__}: {exc}"
+                self.failures[schedule.name] = reason
+                self.stats.failed += 1
+                log.error("schedule %r failed in this pass: %s", schedule.name, reason)
         self.stats.passes += 1
         self.stats.enqueued += len(stored)
         return stored
+
+    def _advance(self, schedule: Schedule, cursor: int | None) -> list[Job]:
+        """Enqueue one schedule's due ticks; return the jobs stored (not deduplicated)."""
+        backend = self.app.backend
+        for _ in range(MAX_RACES):
+            now = backend.now()
+            plan = plan_ticks(schedule.trigger, schedule.missed, schedule.grace_s, cursor, now)
+            if plan is None:
+                break
+            specs = [(tick, schedule.tick_spec(tick, now)) for tick in plan.ticks]
+            jobs = backend.advance_schedule(schedule.name, cursor, plan.cursor, specs)
+            if jobs is not None:
+                return [job for job in jobs if not job.deduplicated]
+            self.stats.races_lost += 1
+            cursor = next(
+                (s.cursor for s in backend.schedule_states() if s.name == schedule.name),
+                None,
+            )
+        return []
 
     def run(self, once: bool = False) -> SchedulerStats:
         """Make passes until stopped (SIGTERM, SIGINT or :meth:`stop`); ``once``: one pass.

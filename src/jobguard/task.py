@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jobguard.backends.base import DeliveryRules
+from jobguard.backends.sql.callers import for_thread
 from jobguard.core import checks
 from jobguard.core.jsonvalues import MAX_NESTING, too_deep
 from jobguard.core.keys import check_key, render_key, template_fields
@@ -260,15 +261,23 @@ class Task:
         """Schedule the task with these arguments; returns the stored (or deduplicated) job.
 
         With ``connection`` (your own open connection to the store's database: a psycopg
-        connection on PostgreSQL, a ``sqlite3`` connection to the store's file on SQLite) the
-        job is written in your transaction: it exists if and only if your transaction commits.
+        connection on PostgreSQL, a pooled one included, a ``sqlite3`` connection to the store's
+        file on SQLite, or a SQLAlchemy ``Connection`` or ``Session`` on either) the job is
+        written in your transaction: it exists if and only if your transaction commits.
         """
         spec = self.build_spec(kwargs, CallOptions())  # refused before the store is opened
         return self.app.store_jobs([spec], connection=connection)[0]
 
-    async def enqueue_async(self, /, **kwargs: Any) -> Job:
-        """:meth:`enqueue` from async code: the store call runs on a thread, not the loop."""
-        return await asyncio.to_thread(self.enqueue, **kwargs)
+    async def enqueue_async(self, /, *, connection: Any = None, **kwargs: Any) -> Job:
+        """:meth:`enqueue` from async code: the store call runs on a thread, not the loop.
+
+        ``connection`` is a connection whose transaction the job is written in: one that
+        :meth:`enqueue` takes, or an asyncio one (a psycopg ``AsyncConnection``, an aiosqlite
+        connection, a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``), whose statements run
+        on this loop while the enqueue awaits.
+        """
+        connection = await for_thread(connection)
+        return await asyncio.to_thread(self.enqueue, connection=connection, **kwargs)
 
     def enqueue_many(
         self, arguments: Iterable[Mapping[str, Any]], *, connection: Any = None
@@ -280,10 +289,16 @@ class Task:
         specs = [self.build_spec(kwargs, CallOptions()) for kwargs in arguments]
         return self.app.store_jobs(specs, connection=connection) if specs else []
 
-    async def enqueue_many_async(self, arguments: Iterable[Mapping[str, Any]]) -> list[Job]:
-        """:meth:`enqueue_many` from async code: the store call runs on a thread, not the loop."""
+    async def enqueue_many_async(
+        self, arguments: Iterable[Mapping[str, Any]], *, connection: Any = None
+    ) -> list[Job]:
+        """:meth:`enqueue_many` from async code: the store call runs on a thread, not the loop.
+
+        ``connection`` as in :meth:`enqueue_async`.
+        """
         batch = list(arguments)  # an iterator is read here, on the loop, not on the thread
-        return await asyncio.to_thread(self.enqueue_many, batch)
+        connection = await for_thread(connection)
+        return await asyncio.to_thread(self.enqueue_many, batch, connection=connection)
 
     def build_spec(self, kwargs: Mapping[str, Any], options: CallOptions) -> JobSpec:
         """Validate arguments and options and build the :class:`JobSpec` (no I/O)."""
@@ -337,6 +352,7 @@ class BoundCall:
         spec = self.task.build_spec(kwargs, self.call_options)
         return self.task.app.store_jobs([spec], connection=connection)[0]
 
-    async def enqueue_async(self, /, **kwargs: Any) -> Job:
-        """:meth:`enqueue` from async code: the store call runs on a thread, not the loop."""
-        return await asyncio.to_thread(self.enqueue, **kwargs)
+    async def enqueue_async(self, /, *, connection: Any = None, **kwargs: Any) -> Job:
+        """:meth:`enqueue` from async code (see :meth:`Task.enqueue_async` for ``connection``)."""
+        connection = await for_thread(connection)
+        return await asyncio.to_thread(self.enqueue, connection=connection, **kwargs)

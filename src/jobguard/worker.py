@@ -46,6 +46,7 @@ from jobguard.pipeline import Pipeline, lost
 from jobguard.process import on_stop_signals
 from jobguard.scheduler import Scheduler
 from jobguard.settler import Settler
+from jobguard.solo import SoloGate, is_suspect
 from jobguard.task import check_queue_name
 
 if TYPE_CHECKING:
@@ -153,8 +154,8 @@ class Worker:
         )
         self.grace_s = checks.seconds("grace_s", grace_s)
         self.poll_interval_s = checks.seconds("poll_interval_s", poll_interval_s, positive=True)
-        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id.strip()):
-            raise ConfigurationError(f"worker_id must be non-empty text, not {worker_id!r}")
+        # Text every store takes: a NUL made every fetch on PostgreSQL fail, as an outage.
+        worker_id = checks.optional_text("worker_id", worker_id)
         self.retention_s = checks.optional_seconds("retention_s", retention_s)
         self.app = app
         self.queues = [check_queue_name(q) for q in (queues or app.queues())]
@@ -171,6 +172,10 @@ class Worker:
         # Deliveries whose handler is done and whose ending waits in the settler's batch: they
         # hold no handler thread.
         self._finishing = 0
+        # A crash-loop suspect was taken and has not finished: it runs alone, and nothing more
+        # is fetched meanwhile, so if it kills the process again it takes only itself down.
+        self._gate = SoloGate()
+        self._solo_pending = False
         self._stopping = threading.Event()
         self._loop = EventLoopThread()
         self._pipeline = Pipeline(
@@ -273,9 +278,8 @@ class Worker:
             with self._slot_freed:
                 # Deliveries waiting only for their batched ending hold no handler thread.
                 while (
-                    len(self._inflight) - self._finishing > refill_at
-                    and not self._stopping.is_set()
-                ):
+                    len(self._inflight) - self._finishing > refill_at or self._solo_pending
+                ) and not self._stopping.is_set():
                     self._slot_freed.wait(self.poll_interval_s)
                 room = limit - (len(self._inflight) - self._finishing)
                 # Read before the fetch: with nothing in flight then, every ending was written
@@ -283,6 +287,8 @@ class Worker:
                 idle = not self._inflight
             if self._stopping.is_set():
                 return
+            # The leases start on the store's side during the fetch: judge them from before it.
+            asked_at = time.monotonic()
             try:
                 deliveries = self.app.backend.fetch_prepared(
                     self.queues, room, self.worker_id, self._rules
@@ -303,7 +309,7 @@ class Worker:
                 continue
             failures = 0
             if deliveries:
-                self._accept(deliveries)
+                self._accept(deliveries, asked_at)
                 continue
             if burst and idle:
                 return
@@ -325,8 +331,11 @@ class Worker:
         self.failure = exc
         self._stopping.set()
 
-    def _accept(self, deliveries: list[Prepared]) -> None:
-        items = [self._pipeline.adopt(prepared) for prepared in deliveries]
+    def _accept(self, deliveries: list[Prepared], asked_at: float) -> None:
+        adopted = [self._pipeline.adopt(prepared) for prepared in deliveries]
+        for item in adopted:
+            item.renewed_at = asked_at  # ctx.lease_lost counts a lease length from here
+        items = self._suspect_alone(adopted)
         with self._inflight_lock:
             for item in items:
                 self._inflight[item.delivery.lease_token] = item
@@ -334,6 +343,43 @@ class Worker:
         self._heartbeat.poke()
         for item in items:
             self._buffer.put(item)
+
+    def _suspect_alone(self, items: list[InFlight]) -> list[InFlight]:
+        """Keep one crash-loop suspect of the batch, alone: the rest go back uncharged."""
+        suspect = next((item for item in items if self._is_suspect(item)), None)
+        if suspect is None:
+            return items
+        suspect.solo = True
+        with self._slot_freed:
+            self._solo_pending = True
+        others = [item for item in items if item is not suspect]
+        if others:
+            try:
+                self._hand_back(others)
+            except JobGuardError as exc:  # left to their leases
+                self.app.hooks.store_error("release", exc)
+        return [suspect]
+
+    def _hand_back(self, items: list[InFlight]) -> int:
+        """Release these leases without charging an attempt; how many the store took back
+        (stale ones are skipped: their jobs already belong to someone else)."""
+        releases = [
+            Ending(
+                item.guard,
+                Closing(0.0),
+                Outcome.RELEASED,
+                operation_key=item.delivery.operation_key,
+            )
+            for item in items
+        ]
+        return sum(refusal is None for refusal in self.app.backend.settle(releases))
+
+    def _is_suspect(self, item: InFlight) -> bool:
+        try:
+            return is_suspect(self.app.backend, item.delivery)
+        except JobGuardError as exc:
+            self.app.hooks.store_error("fetch", exc)
+            return False
 
     def _prune_loop(self) -> None:
         """Retention: completed jobs leave the store (and the fetch scan) on a schedule."""
@@ -366,7 +412,8 @@ class Worker:
                 continue
             item.started = True
             try:
-                ending = self._pipeline.run(item)
+                with self._gate.running(solo=item.solo):
+                    ending = self._pipeline.run(item)
             except BaseException:
                 # A bug of the pipeline (never a handler's error, which is the job's): the
                 # slot keeps working, and the lease expires so the job is redelivered.
@@ -379,6 +426,8 @@ class Worker:
             with self._slot_freed:
                 item.finishing = True
                 self._finishing += 1
+                if item.solo:
+                    self._solo_pending = False
                 self._slot_freed.notify_all()
             self._settler.put(item, ending)
 
@@ -419,19 +468,8 @@ class Worker:
         if leftovers:
             for item in leftovers:
                 item.mark_lost("released at shutdown")
-            releases = [
-                Ending(
-                    item.guard,
-                    Closing(0.0),
-                    Outcome.RELEASED,
-                    operation_key=item.delivery.operation_key,
-                )
-                for item in leftovers
-            ]
             try:
-                refused = self.app.backend.settle(releases)
-                # Stale ones are skipped: their jobs already belong to someone else.
-                self.stats.released = sum(refusal is None for refusal in refused)
+                self.stats.released = self._hand_back(leftovers)
             except JobGuardError as exc:
                 self.app.hooks.store_error("release", exc)
                 log.warning("could not release %d leases at shutdown: %s", len(leftovers), exc)

@@ -453,17 +453,44 @@ def test_db_step_with_a_result_that_is_not_json_commits_nothing(backend: Backend
     assert count_invoices(backend, guard) == 0
 
 
-@pytest.mark.parametrize("statement", ["COMMIT", "ROLLBACK", "BEGIN"])
-def test_db_step_fn_cannot_end_the_step_transaction(backend: Backend, statement: str) -> None:
-    """Invariant 10: fn may not commit (or roll back) on its own; its rows commit only with the
-    step record, so an attempt to end the transaction fails the step and commits nothing."""
+ENDING_STATEMENTS = [
+    "COMMIT",
+    "ROLLBACK",
+    "BEGIN",
+    "/* c */ COMMIT",
+    "/* a /* nested */ comment */ commit",
+    "-- a line comment\nCOMMIT",
+    "  ; ;COMMIT",
+    "\tEnd",
+    "ABORT",
+    "PREPARE TRANSACTION 'step'",
+    "SAVEPOINT mine",
+    "COMMIT AND CHAIN",
+    "INSERT INTO {invoices} (order_id) VALUES (7); COMMIT; BEGIN",
+    "INSERT INTO {invoices} (order_id) VALUES (7); COMMIT",
+    "SELECT 1; ROLLBACK",
+]
+
+
+@pytest.mark.parametrize("statement", ENDING_STATEMENTS)
+@pytest.mark.parametrize("many", [False, True])
+def test_db_step_fn_cannot_end_the_step_transaction(
+    backend: Backend, statement: str, many: bool
+) -> None:
+    """Invariant 10: fn may not commit (or roll back) on its own, whatever the SQL text looks
+    like (comments, several statements in one text); its rows commit only with the step
+    record, so an attempt to end the transaction fails the step and commits nothing."""
     guard = deliver(backend)
     begin_operation(backend, guard, KEY, None)
     backend.db_step(guard, KEY, "schema", create_invoices, ())
+    text = statement.format(invoices=INVOICES)
 
     def insert_then_end_transaction(conn: Any, order_id: int) -> None:
         insert_invoice(conn, order_id)
-        conn.execute(statement)
+        if many:
+            conn.executemany(text, [()])
+        else:
+            conn.execute(text)
         raise ConnectionError("crashed after the early commit")
 
     with pytest.raises(StepSQLError):

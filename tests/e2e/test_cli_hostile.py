@@ -138,3 +138,66 @@ def test_bad_input_gets_one_error_line_and_the_usage_exit_code(
     assert lines[0].startswith("error: ")
     assert message in lines[0]
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("source", "app", "message"),
+    [
+        ("import os\nKEY = os.environ['MAIL_API_KEY_NOT_SET']\n", "{m}:app", "raised KeyError"),
+        ("raise RuntimeError('settings missing')\n", "{m}:app", "settings missing"),
+        ("", ".{m}:app", "not an absolute module name"),
+        ("", "../{m}:app", "not an absolute module name"),
+        ("", "{m}.py:app", "cannot import"),
+    ],
+    ids=["missing-env", "raises", "relative", "path", "file-name"],
+)
+def test_an_app_module_that_cannot_be_imported_exits_2_with_one_line(
+    tmp_path: Path, source: str, app: str, message: str
+) -> None:
+    """A real ``jobguard`` process: an ``--app`` whose module raises at import, or a relative
+    name or a path, exits 2 with one ``error:`` line, not 4 "a bug in jobguard"."""
+    from tests.e2e.test_cli import run_process
+
+    module = f"careless_{uuid.uuid4().hex[:10]}"
+    (tmp_path / f"{module}.py").write_text(source)
+    done = run_process(["--app", app.format(m=module), "jobs"], tmp_path)
+    assert done.returncode == EXIT_USAGE, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ")
+    assert message in lines[0]
+    assert "bug in jobguard" not in lines[0]
+
+
+def test_migrate_dry_run_on_sqlite_creates_nothing_and_changes_nothing(tmp_path: Path) -> None:
+    """``jobguard migrate --dry-run`` (a real process) prints the SQL a missing file would get
+    without creating it, and leaves an existing file's bytes and journal mode as they were."""
+    from tests.e2e.test_cli import run_process
+
+    missing = tmp_path / "missing.db"
+    dry = run_process(["--url", f"sqlite:///{missing}", "migrate", "--dry-run"], tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "CREATE TABLE IF NOT EXISTS jobs" in dry.stdout
+    assert "would apply" in dry.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+    theirs = tmp_path / "theirs.db"
+    with closing(sqlite3.connect(theirs)) as conn, conn:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    before = theirs.read_bytes()
+    dry = run_process(["--url", f"sqlite:///{theirs}", "migrate", "--dry-run"], tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "CREATE TABLE IF NOT EXISTS jobs" in dry.stdout
+    assert theirs.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]
+    with closing(sqlite3.connect(theirs)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+    current = tmp_path / "current.db"
+    App(f"sqlite:///{current}").counts()  # a store at this version
+    before = current.read_bytes()
+    dry = run_process(["--url", f"sqlite:///{current}", "migrate", "--dry-run"], tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout == ""
+    assert "nothing to apply" in dry.stderr
+    assert current.read_bytes() == before

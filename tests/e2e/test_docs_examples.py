@@ -8,6 +8,8 @@ How a document's fenced blocks are treated (STYLE.md convention 11):
 * ```` ```python file=NAME ```` — written to ``NAME`` in that directory (a module the other blocks
   and commands import, e.g. ``shop.py`` for ``--app shop:app``); the test checks it imports.
 * ```` ```python-fragment ```` — an excerpt that cannot run on its own; shown, not run.
+* ```` ```sh ```` whose commands are ``pytest`` runs — each runs ``python -m pytest`` (the test
+  kit's plugin installed) in that directory and must exit 0, or the ``# exit N`` code.
 * ```` ```sh ```` whose first command starts with ``jobguard`` — each command runs with the
   installed entry point in that directory and must exit 0, or the code named by a trailing
   ``# exit N`` comment. A ``worker`` command without ``--burst`` (or a ``scheduler`` without
@@ -57,6 +59,7 @@ import pytest
 from jobguard.cli.main import cli
 from tests.support import pg
 from tests.support.procs import clean_env, entry_point
+from tests.support.redisdb import claimed_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCS = REPO_ROOT / "docs"
@@ -65,6 +68,7 @@ NOT_HERE = {"tour.md"}
 DOCUMENTS = [
     REPO_ROOT / "README.md",
     *sorted(path for path in DOCS.glob("*.md") if path.name not in NOT_HERE),
+    *sorted(DOCS.glob("hosts/*.md")),
 ]
 SHELL = {"sh", "bash", "shell", "console"}
 UNMARKED_PYTHON = {"py", "python3", "pycon", "ipython"}
@@ -73,6 +77,8 @@ TIMEOUT_S = 60.0
 BACKENDS = ("sqlite", "postgres")
 SQLITE_URL = re.compile(r"sqlite:///([\w.-]+)")
 EXAMPLE_DATABASE_URL = re.compile(r"postgresql://app@localhost/(\w+)")
+# The Redis the host-queue examples name; each run gets a database of its own instead.
+EXAMPLE_BROKER_URL = "redis://localhost:6379/0"
 
 
 @dataclass
@@ -260,6 +266,14 @@ def run_until_started_then_sigterm(
 def run_shell(block: Block, workdir: Path) -> None:
     for command, expected in shell_commands(block):
         words = shlex.split(command, comments=True)
+        if words[0] == "pytest":
+            # the test kit's guide: a reader's own test session, with the plugin installed
+            done = run_in(workdir, [sys.executable, "-m", "pytest", *words[1:]])
+            assert done.returncode == expected, (
+                f"{block.where}: `{command}` exited {done.returncode}, expected {expected}:\n"
+                f"{done.stdout}\n{done.stderr}"
+            )
+            continue
         assert words[0] == "jobguard", (
             f"{block.where}: a jobguard block runs only jobguard: {command}"
         )
@@ -284,8 +298,9 @@ def run_shell_command(
 
 
 def is_jobguard_shell(block: Block) -> bool:
+    """A block of ``jobguard`` commands, or of ``pytest`` runs (the test kit's guide)."""
     commands = shell_commands(block)
-    return bool(commands) and commands[0][0].split()[0] == "jobguard"
+    return bool(commands) and commands[0][0].split()[0] in ("jobguard", "pytest")
 
 
 def is_executed(block: Block) -> bool:
@@ -294,7 +309,11 @@ def is_executed(block: Block) -> bool:
 
 
 def run_document(
-    document: Path, workdir: Path, backend: str = "sqlite", postgres: PostgresStores | None = None
+    document: Path,
+    workdir: Path,
+    backend: str = "sqlite",
+    postgres: PostgresStores | None = None,
+    broker_url: str | None = None,
 ) -> None:
     """Run a document's examples for ``backend`` in order in ``workdir``; raise AssertionError
     on the first that fails. See the module docstring for the rules."""
@@ -308,6 +327,10 @@ def run_document(
         if backend == "postgres":
             assert postgres is not None, "the PostgreSQL pass needs its stores"
             block = dataclasses.replace(written, code=postgres.substitute(written.code))
+        if broker_url is not None:
+            block = dataclasses.replace(
+                block, code=block.code.replace(EXAMPLE_BROKER_URL, broker_url)
+            )
         if block.lang == "python" and "file" in block.options:
             write_module(block, workdir)
         elif block.lang == "python":
@@ -330,7 +353,11 @@ def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_pa
     SQLite as written and on PostgreSQL with the store URLs replaced."""
     postgres = PostgresStores()
     try:
-        run_document(document, tmp_path, backend, postgres)
+        if EXAMPLE_BROKER_URL in document.read_text():
+            with claimed_database() as broker_url:
+                run_document(document, tmp_path, backend, postgres, broker_url)
+        else:
+            run_document(document, tmp_path, backend, postgres)
     finally:
         postgres.close()
 
@@ -345,6 +372,11 @@ def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_pa
         ("```sh\njobguard --help   # exit 1\n```\n", "exited 0, expected 1"),
         ("```sh\njobguard --help\nrm -rf build\n```\n", "runs only jobguard"),
         ("```py\nprint('unmarked')\n```\n", "mark Python"),
+        (
+            "```python file=test_it.py\ndef test_it():\n    assert False\n```\n"
+            "```sh\npytest -q -p no:cacheprovider test_it.py\n```\n",
+            "exited 1, expected 0",
+        ),
     ],
     ids=[
         "exit-code",
@@ -354,6 +386,7 @@ def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_pa
         "expected-code",
         "mixed-shell",
         "unmarked",
+        "pytest-code",
     ],
 )
 def test_the_runner_fails_on_a_broken_example(tmp_path: Path, markdown: str, needle: str) -> None:

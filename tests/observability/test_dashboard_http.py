@@ -62,6 +62,10 @@ BAD_INPUT = [
     ("/doctor?task=%00", 400, "is not a valid task name"),
     ("/?since=" + "9" * 3000, 400, "the query string is too long"),
     ("/no/such/page", 404, "no such page"),
+    ("/jobs?" + "&".join(f"f{i}=1" for i in range(21)), 400, "too many query parameters"),
+    ("/?" + "&".join(f"f{i}=1" for i in range(21)), 400, "too many query parameters"),
+    ("/jobs/1?" + "&".join(f"f{i}=1" for i in range(21)), 400, "too many query parameters"),
+    ("/login?" + "&".join(f"f{i}=1" for i in range(6)), 400, "at most 5"),
 ]
 
 

@@ -53,6 +53,16 @@ def check_store_url(url: str) -> str:
     return url
 
 
+def display_url(url: str) -> str:
+    """A checked store URL as it may be shown: a PostgreSQL password masked (``***``), whether
+    it was given before the ``@`` or as ``?password=``."""
+    if urlsplit(url).scheme in POSTGRES_SCHEMES:
+        from jobguard.backends.postgres.url import display_url as postgres_display
+
+        return postgres_display(url)
+    return url
+
+
 def open_backend(url: str | None = None) -> Backend:
     """Open the backend a URL names: ``sqlite:///path`` (the default) or ``postgresql://…``."""
     url = check_store_url(DEFAULT_URL if url is None else url)
@@ -73,8 +83,15 @@ def migrate_store(url: str | None = None, *, dry_run: bool = False) -> tuple[int
     """
     url = check_store_url(DEFAULT_URL if url is None else url)
     if urlsplit(url).scheme == "sqlite":
-        from jobguard.backends.sqlite.connection import SQLiteOptions, migrate, open_connection
+        from jobguard.backends.sqlite.connection import (
+            SQLiteOptions,
+            migrate,
+            open_connection,
+            planned_migrations,
+        )
 
+        if dry_run:  # creates no file and changes none (not even its journal mode)
+            return planned_migrations(sqlite_path(url))
         conn = open_connection(SQLiteOptions(sqlite_path(url)))
         try:
             return migrate(conn, dry_run=dry_run)

@@ -33,6 +33,14 @@ from jobguard.exceptions import ConfigurationError
     default=None,
     help="The password of --user (env JOBGUARD_DASHBOARD_PASSWORD).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Answer requests for this host name too (repeatable; '*' for any). Without a login, "
+    "only localhost and loopback addresses are answered by default.",
+)
 @click.pass_obj
 def dashboard(
     state: CliState,
@@ -41,11 +49,13 @@ def dashboard(
     token: str | None,
     user: str | None,
     password: str | None,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve the dashboard: queues, jobs, attempt timelines, the DLQ and the doctor.
 
     Bound to 127.0.0.1 it needs no login unless --token or --user is given; bound to any other
-    address it refuses to start without one.
+    address it refuses to start without one. Without a login it answers only requests for
+    localhost or a loopback address (DNS rebinding), and the names given with --allowed-host.
     """
     try:
         import uvicorn
@@ -56,7 +66,7 @@ def dashboard(
         raise ConfigurationError(
             f"the dashboard needs the 'dashboard' extra (pip install 'jobguard[dashboard]'): {exc}"
         ) from exc
-    access = Access(token=token, user=user, password=password)
+    access = Access(token=token, user=user, password=password, allowed_hosts=allowed_hosts or None)
     check_binding(host, access)
     app = state.inspecting_app()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

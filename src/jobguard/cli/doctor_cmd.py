@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime
 
 import click
 from rich.console import Console
@@ -19,6 +18,7 @@ from rich.text import Text
 from jobguard.cli.jobs_cmd import LIMIT, console, dash, duration, safe_text, table, when
 from jobguard.cli.state import CliState
 from jobguard.core import checks
+from jobguard.core.text import utc_text
 from jobguard.diagnostics import Audit, Diagnosis, Overlap, Run, Severity, TaskDurations
 from jobguard.diagnostics.retries import RECENT_RUNS
 
@@ -30,7 +30,8 @@ EXIT_PROBLEMS = 1
 
 def _instant(ts: float) -> str:
     """Store seconds as ``HH:MM:SS.mmm`` UTC: overlaps are often shorter than a second."""
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
+    shown = utc_text(ts, "%H:%M:%S.%f")
+    return shown[:-3] if shown[-1].isdigit() else shown
 
 
 def _heading(out: Console, title: str) -> None:

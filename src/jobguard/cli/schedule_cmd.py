@@ -13,7 +13,7 @@ from jobguard.cli.jobs_cmd import console, table
 from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
 from jobguard.core.schedules import Cron
-from jobguard.exceptions import NotFoundError
+from jobguard.exceptions import JobGuardError, NotFoundError
 from jobguard.models import ScheduleState
 from jobguard.process import ignore_stop_signals
 from jobguard.schedule import Schedule
@@ -56,7 +56,7 @@ def scheduler(
     stop_on_signals(runner.stop)
     # Open the store before saying so, as a worker does: from the line on, it runs on that
     # store, and a file deleted or replaced under it is noticed.
-    _ = app.backend
+    app.backend.check_usable()  # a read-only file: one error line, before the line below
     listed = ", ".join(s.name for s in runner.schedules)
     click.echo(f"scheduler {runner.scheduler_id} for {listed}", err=True)
     stats = runner.run(once=once)
@@ -66,6 +66,11 @@ def scheduler(
         # Its store cannot be used (file deleted or replaced, or read-only): exit 3 with the
         # same error line as a worker's.
         raise runner.failure
+    if once and runner.failures:
+        # The others were enqueued; exit 1 so that cron or CI sees the broken schedule.
+        raise JobGuardError(
+            "; ".join(f"schedule {name!r} failed: {why}" for name, why in runner.failures.items())
+        )
 
 
 def _iso(tick: int | None, schedule: Schedule) -> str | None:

@@ -17,6 +17,12 @@ def load_app(path: str) -> App:
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"--app must look like module:attribute, got {path!r}")
+    if not all(part.isidentifier() for part in module_name.split(".")):
+        raise ConfigurationError(
+            f"--app names module {module_name!r}, which is not an absolute module name like "
+            "myproject.jobs (no leading dots, slashes or file names: run jobguard from the "
+            "directory the module is imported from)"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -26,6 +32,12 @@ def load_app(path: str) -> App:
     except SyntaxError as exc:
         raise ConfigurationError(
             f"cannot import {module_name!r}: syntax error at {exc.filename}:{exc.lineno}: {exc.msg}"
+        ) from exc
+    except Exception as exc:
+        # The module's own code failed (a missing environment variable, a setting): the user's
+        # mistake to fix, not jobguard's, so usage (exit 2) with what it raised.
+        raise ConfigurationError(
+            f"cannot import {module_name!r}: it raised {type(exc).__name__}: {exc}"
         ) from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, App):

@@ -21,6 +21,7 @@ def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> s
         from jobguard.observability.metrics import MetricsHooks, serve
 
         metrics = MetricsHooks()
+        metrics.declare(app.tasks.values())  # every task's series at 0 before its first job
         bound_host, bound_port = serve(metrics.registry, metrics_port, host)
         url = f"http://{bound_host}:{bound_port}/metrics"
         added.append(metrics)
@@ -122,6 +123,8 @@ def worker(
     stop_on_signals(runner.stop)
     if metrics_url is not None:
         click.echo(f"metrics at {metrics_url}", err=True)
+    # A store it cannot write (a read-only file) is said in one line, before it announces itself.
+    app.backend.check_usable()
     # Printed once a signal is handled gracefully, so it also tells scripts "ready".
     click.echo(f"worker {runner.worker_id} on queues {', '.join(runner.queues)}", err=True)
     stats = runner.run(burst=burst)

@@ -81,6 +81,36 @@ def job_id(value: Any) -> int:
     return integer("job id", value, 1, MAX_ID)
 
 
+def text_problem(value: Any) -> str | None:
+    """What keeps ``value`` from being stored as text on every backend, or ``None``.
+
+    PostgreSQL cannot store a NUL character (SQLite can) nor lone surrogates: refused where
+    they are given, such text would otherwise come back from the store as an outage.
+    """
+    if not isinstance(value, str) or not value.strip():
+        return f"must be non-empty text, not {value!r}"
+    if "\x00" in value:
+        return f"must not contain a NUL character (\\x00): {value!r}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"is not valid Unicode text: {exc.reason}"
+    return None
+
+
+def text(name: str, value: Any) -> str:
+    """Non-empty text that every backend stores as given (see :func:`text_problem`)."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise ConfigurationError(f"{name} {problem}")
+    return str(value)
+
+
+def optional_text(name: str, value: Any) -> str | None:
+    """:func:`text`, or ``None`` left as is."""
+    return None if value is None else text(name, value)
+
+
 def exception_classes(name: str, value: Any) -> tuple[type[BaseException], ...]:
     """A tuple of exception classes (``fatal=``, ``transient=``)."""
     items = tuple(value) if isinstance(value, tuple | list) else (value,)

@@ -13,6 +13,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
+from jobguard.core import checks
 from jobguard.exceptions import KeyTemplateError
 
 MAX_KEY_LENGTH = 512
@@ -68,14 +69,11 @@ def render_key(template: str, arguments: Mapping[str, Any]) -> str:
 
 def check_key(key: str, what: str) -> str:
     """Validate a literal key given per call; return it unchanged."""
-    if not isinstance(key, str) or not key.strip():
-        raise KeyTemplateError(f"{what} must be a non-empty string")
+    problem = checks.text_problem(key)
+    if problem is not None:
+        raise KeyTemplateError(f"{what} {problem}")
     if len(key) > MAX_KEY_LENGTH:
         raise KeyTemplateError(f"{what} is longer than {MAX_KEY_LENGTH} characters")
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise KeyTemplateError(f"{what} is not valid Unicode text: {exc.reason}") from exc
     return key
 
 

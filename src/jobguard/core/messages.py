@@ -6,6 +6,8 @@ SQL file or a Lua script never holds a sentence and every backend says the same 
 
 from __future__ import annotations
 
+import re
+
 from jobguard.exceptions import LeaseLostError, StaleFenceError
 from jobguard.models import BusyReason, DeadCode
 
@@ -18,8 +20,31 @@ def never_reported_back(attempts: int, max_attempts: int) -> str:
     )
 
 
+_STOOD_STILL = re.compile(r"the worker process stood still for (\d+(?:\.\d+)?) s")
+
+
+def stood_still(stalled_s: float) -> str:
+    """Added to a lost lease's refusal when the worker's heartbeat overslept (a stall)."""
+    return (
+        f"; the worker process stood still for {stalled_s:.2f} s (its heartbeat did not run: "
+        "the process was stopped, paused or swapped out), so its lease was not renewed"
+    )
+
+
+def stalled_s_of(message: str | None) -> float | None:
+    """How long the worker stood still, read back from a refusal :func:`stood_still` marked."""
+    found = _STOOD_STILL.search(message or "")
+    return float(found.group(1)) if found else None
+
+
 def dead_reason(code: str | None, text: str | None, attempts: int, max_attempts: int) -> str | None:
-    """The reason shown for a dead job: the stored text, or the words for its code."""
+    """The reason shown for a dead job: the stored text, or the words for its code.
+
+    A code this version does not know (a newer one wrote it) is named beside the text.
+    """
+    if code and code not in set(DeadCode):
+        unknown = f"dead code {code!r}, unknown to this version of jobguard"
+        return f"{text} ({unknown})" if text else unknown
     if text:
         return text
     if code == DeadCode.LOST:
@@ -48,4 +73,18 @@ def stale_fence(resource: str, fence: int, newest: int) -> StaleFenceError:
     """The refusal of a write whose lock grant is older than the newest for its resource."""
     return StaleFenceError(
         f"resource {resource!r}: fence {fence} is stale (fence {newest} was granted since)"
+    )
+
+
+def shared_failure(error_type: str, error: str, peers: int) -> str:
+    """Why a repeated error was not taken for poison: other jobs of the task fail alike."""
+    others = "1 other job" if peers == 1 else f"{peers} other jobs"
+    return f"{error_type}: {error} (an outage, not poison: {others} of the task failed alike)"
+
+
+def lease_overdue(elapsed_s: float, period_s: float) -> str:
+    """Why a delivery is taken for lost when its renewals stopped getting through."""
+    return (
+        f"lease not renewed for {elapsed_s:.1f}s, its whole length of {period_s:g}s (store "
+        "unreachable or not answering): it may have expired and gone to another worker"
     )

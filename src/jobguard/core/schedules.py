@@ -22,6 +22,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from jobguard.core import checks
+from jobguard.exceptions import ConfigurationError
+
 SKIP = "skip"
 LAST = "last"
 MAX_CATCH_UP = 10_000
@@ -92,8 +95,11 @@ class Every:
     def __post_init__(self) -> None:
         if isinstance(self.seconds, bool) or not isinstance(self.seconds, int):
             raise ValueError(f"interval must be a whole number of seconds, got {self.seconds!r}")
-        if self.seconds < 1:
-            raise ValueError(f"interval must be at least 1 second, got {self.seconds}")
+        if not 1 <= self.seconds <= checks.MAX_DURATION_S:
+            raise ValueError(
+                f"interval must be from 1 second to {checks.MAX_DURATION_S:g} (ten years), "
+                f"got {self.seconds}"
+            )
 
     @property
     def tz(self) -> tzinfo:
@@ -109,15 +115,19 @@ Trigger = Cron | Every
 
 
 def interval_seconds(every: float | timedelta) -> int:
-    """A whole number of seconds from ``every`` (seconds or a ``timedelta``); ``ValueError``."""
-    if isinstance(every, bool):
-        raise ValueError(f"every must be seconds or a timedelta, got {every!r}")
-    seconds = every.total_seconds() if isinstance(every, timedelta) else every
-    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
-        raise ValueError(f"every must be seconds or a timedelta, got {every!r}")
-    if seconds != int(seconds):
-        raise ValueError(f"every must be a whole number of seconds, got {seconds}")
-    return int(seconds)
+    """A whole number of seconds from ``every`` (seconds or a ``timedelta``); ``ValueError``.
+
+    At most ten years (:data:`~jobguard.core.checks.MAX_DURATION_S`): every tick must stay a
+    date that can be written down.
+    """
+    seconds: object = every.total_seconds() if isinstance(every, timedelta) else every
+    try:
+        number = checks.seconds("every", seconds, positive=True)
+    except ConfigurationError as exc:
+        raise ValueError(str(exc)) from None
+    if number != int(number):
+        raise ValueError(f"every must be a whole number of seconds, got {number}")
+    return int(number)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +252,26 @@ def plan_ticks(
 def tick_text(tick: int) -> str:
     """A tick as stable ISO-8601 UTC text, ``2026-03-29T01:00:00Z`` (keys and payloads)."""
     return datetime.fromtimestamp(tick, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+TICK_KEY_PREFIX = "schedule:"
+
+
+def tick_key(name: str, tick: int) -> str:
+    """The dedup key (and default operation key) of one tick: ``schedule:NAME@TICK``."""
+    return f"{TICK_KEY_PREFIX}{name}@{tick_text(tick)}"
+
+
+def is_tick_key(key: str, name: str) -> bool:
+    """Whether ``key`` is the key :func:`tick_key` gives a tick of the schedule ``name``."""
+    prefix = f"{TICK_KEY_PREFIX}{name}@"
+    if not key.startswith(prefix):
+        return False
+    try:
+        parse_tick_text(key[len(prefix) :])
+    except ValueError:
+        return False
+    return True
 
 
 def parse_tick_text(text: str) -> int:

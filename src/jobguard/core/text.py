@@ -10,6 +10,7 @@ neither retitle nor clear the terminal.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 REPLACEMENT = "\ufffd"
 # Longest stored error message, reason or reference; tracebacks get more room.
@@ -54,3 +55,12 @@ def escape_controls(text: str, *, keep_lines: bool = False) -> str:
     """
     pattern = _CONTROLS_BUT_LINES if keep_lines else _CONTROLS
     return pattern.sub(_escape, text)
+
+
+def utc_text(ts: float, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """Store seconds as UTC text in ``fmt``; a number no date can express (infinite, NaN, past
+    year 9999: a row this version did not write) is shown as the number it is."""
+    try:
+        return datetime.fromtimestamp(ts, tz=UTC).strftime(fmt)
+    except (OverflowError, ValueError, OSError):
+        return f"{ts:g} (not a date)"

@@ -8,6 +8,7 @@ store, and no value is unbounded.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import parse_qs
 
 from jobguard.core.keys import MAX_KEY_LENGTH
 from jobguard.models import JobStatus
@@ -17,6 +18,7 @@ MAX_PAGE = 1000
 MAX_QUERY_LENGTH = 2048
 MAX_ID = 2**63 - 1
 PAGE_SIZE = 50
+MAX_QUERY_FIELDS = 20
 
 
 class BadRequest(Exception):
@@ -29,6 +31,16 @@ class NotFound(BadRequest):
     """What the request names does not exist: shown as a 404 page."""
 
     status_code = 404
+
+
+def query(text: str, max_fields: int = MAX_QUERY_FIELDS) -> dict[str, list[str]]:
+    """The parameters of a query string (blank values kept), at most ``max_fields`` of them."""
+    try:
+        return parse_qs(text, keep_blank_values=True, max_num_fields=max_fields)
+    except ValueError:
+        raise BadRequest(
+            f"too many query parameters: this page takes at most {max_fields}"
+        ) from None
 
 
 def single(params: Mapping[str, list[str]], name: str) -> str | None:

@@ -6,6 +6,9 @@
   session cookie signed with a secret made at start-up (HttpOnly, SameSite=Strict).
 * Every form that changes something carries a CSRF token: an HMAC of a random per-browser cookie
   under the same secret; a POST whose token is missing or wrong is refused (403).
+* Without a login, only requests whose ``Host`` header names this machine (``localhost`` or a
+  loopback address) or an allowed host are answered: a page of another site whose name was made
+  to resolve to 127.0.0.1 (DNS rebinding) gets a 400 instead of the dead letter queue.
 """
 
 from __future__ import annotations
@@ -26,6 +29,26 @@ CSRF_COOKIE = "jobguard_csrf"
 SESSION_TTL_S = 12 * 3600
 TOKEN_USER = "token"  # noqa: S105 - the audit trail's name for token holders
 LOOPBACK_NAMES = {"localhost"}
+ANY_HOST = "*"
+_HOST_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-._[]:")
+
+
+def host_name(header: str | None) -> str | None:
+    """The name of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower case,
+    without a trailing dot; ``None`` if there is none or it is malformed."""
+    text = (header or "").strip().lower()
+    if text.startswith("["):
+        name, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not (rest[0] == ":" and rest[1:].isdigit())):
+            return None
+        return name or None
+    name, colon, port = text.partition(":")
+    if colon and not port.isdigit():
+        return None
+    name = name.rstrip(".")
+    if not name or not set(name) <= _HOST_CHARACTERS:
+        return None
+    return name
 
 
 def is_loopback(host: str) -> bool:
@@ -47,12 +70,16 @@ class Access:
         user: With ``password``: basic credentials instead of (or besides) a token.
         password: The password of ``user``.
         secret: Signs sessions and CSRF tokens; random per process unless given.
+        allowed_hosts: Host names (``Host`` header, any port) answered besides ``localhost`` and
+            loopback addresses; ``"*"`` answers any. ``None``: only those without a login, any
+            name with one (a browser sends its session cookie only to the name that set it).
     """
 
     token: str | None = None
     user: str | None = None
     password: str | None = None
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.user is None) != (self.password is None):
@@ -62,6 +89,22 @@ class Access:
         for what, value in (("token", self.token), ("password", self.password)):
             if value is not None and len(value) < 8:
                 raise ConfigurationError(f"the dashboard {what} must be at least 8 characters")
+        for name in self.allowed_hosts or ():
+            if name != ANY_HOST and host_name(name) != name.lower().rstrip("."):
+                raise ConfigurationError(
+                    f"allowed host {name!r} must be a host name or address without a port, "
+                    f"or {ANY_HOST!r}"
+                )
+
+    def host_ok(self, header: str | None) -> bool:
+        """Whether a request with this ``Host`` header may be answered (DNS rebinding)."""
+        if self.allowed_hosts is None and self.required:
+            return True
+        allowed = {name.lower().rstrip(".") for name in self.allowed_hosts or ()}
+        if ANY_HOST in allowed:
+            return True
+        name = host_name(header)
+        return name is not None and (name in allowed or is_loopback(name))
 
     @property
     def required(self) -> bool:

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, quote
 
@@ -19,11 +18,14 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobguard.app import App
+from jobguard.core.text import utc_text
 from jobguard.dashboard import pages, params
 from jobguard.dashboard.security import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Access
 from jobguard.exceptions import (
@@ -54,7 +56,7 @@ ERROR_STATUS: tuple[tuple[type[JobGuardError], int], ...] = (
 def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return utc_text(ts)
 
 
 class Dashboard:
@@ -88,13 +90,14 @@ class Dashboard:
             path=request.url.path,
         )
         response = HTMLResponse(body, status_code=status)
-        self._harden(response)
+        self.harden(response)
         if request.cookies.get(CSRF_COOKIE) != browser:
             response.set_cookie(CSRF_COOKIE, browser, httponly=True, samesite="strict")
         return response
 
     @staticmethod
-    def _harden(response: Response) -> None:
+    def harden(response: Response) -> None:
+        """Set the headers every response carries (no script, no sniffing, no caching)."""
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
@@ -174,7 +177,7 @@ class Dashboard:
         """A GET page built in a worker thread (store reads block)."""
 
         async def handler(request: Request) -> Response:
-            query = parse_qs(request.url.query, keep_blank_values=True, max_num_fields=20)
+            query = params.query(request.url.query)
             template, context = await run_in_threadpool(build, self.app, query)
             return self.render(request, template, context)
 
@@ -182,7 +185,7 @@ class Dashboard:
 
     async def job_page(self, request: Request) -> Response:
         """``/jobs/{id}``."""
-        query = parse_qs(request.url.query, keep_blank_values=True, max_num_fields=20)
+        query = params.query(request.url.query)
         job_id = request.path_params["job_id"]
         template, context = await run_in_threadpool(pages.job, self.app, job_id, query)
         return self.render(request, template, context)
@@ -215,7 +218,10 @@ class Dashboard:
 
     async def login_page(self, request: Request) -> Response:
         """The login form (``next`` is where to go afterwards, a local path only)."""
-        query = parse_qs(request.url.query, max_num_fields=5)
+        try:
+            query = params.query(request.url.query, max_fields=5)
+        except params.BadRequest as exc:
+            return self.error(request, 400, str(exc))
         return self.render(
             request,
             "login.html",
@@ -288,8 +294,37 @@ class Dashboard:
         ]
         return Starlette(
             routes=routes,
+            middleware=[Middleware(HostCheck, dashboard=self)],
             exception_handlers={HTTPException: self.not_found, Exception: self.crashed},
         )
+
+
+class HostCheck:
+    """Answer only requests whose ``Host`` the dashboard's :class:`Access` allows.
+
+    Before every route and error page: a page of another site whose name was made to resolve to
+    this machine (DNS rebinding) must not read the dead letter queue, nor fetch a CSRF token.
+    """
+
+    def __init__(self, app: ASGIApp, dashboard: Dashboard) -> None:
+        self.app = app
+        self.dashboard = dashboard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a foreign host with a 400 page; pass anything else on."""
+        if scope["type"] == "http":
+            request = Request(scope)
+            host = request.headers.get("host")
+            if not self.dashboard.access.host_ok(host):
+                refused = PlainTextResponse(
+                    f"400: this dashboard does not answer to the host name {host!r}; start it "
+                    "with --allowed-host NAME (or Access(allowed_hosts=...)) to allow that name",
+                    status_code=400,
+                )
+                self.dashboard.harden(refused)
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def status_of(exc: Exception) -> int:

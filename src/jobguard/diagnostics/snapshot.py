@@ -7,8 +7,9 @@ This is the only module of the package that touches the store, and only through 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from jobguard.exceptions import ConfigurationError, NotFoundError
@@ -61,6 +62,15 @@ def attempt_in_scope(attempt: Attempt, *, task: str | None, since: float | None)
     return since is None or attempt.ended_at is None or attempt.ended_at >= since
 
 
+def measured(attempt: Attempt) -> Attempt:
+    """``attempt`` with a duration that is no number of seconds (infinite, NaN, negative: a row
+    this version did not write) taken as not measured, so no check computes with it."""
+    duration = attempt.duration_s
+    if duration is None or (math.isfinite(duration) and duration >= 0):
+        return attempt
+    return replace(attempt, duration_s=None)
+
+
 def read_snapshot(
     backend: Backend,
     *,
@@ -86,7 +96,7 @@ def read_snapshot(
     now = backend.now()
     since = None if since_s is None else now - since_s
     attempts = tuple(
-        attempt
+        measured(attempt)
         for attempt in backend.attempts(limit=limit)
         if attempt_in_scope(attempt, task=task, since=since)
     )

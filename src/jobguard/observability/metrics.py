@@ -16,12 +16,17 @@ Store metrics (:class:`StoreCollector`, per queue): ``jobguard_queue_depth`` (re
 ``jobguard_queue_scheduled``, ``jobguard_jobs_in_flight``, ``jobguard_queue_oldest_age_seconds``,
 ``jobguard_dlq_size``, ``jobguard_queue_paused`` (1 while paused), and ``jobguard_store_up``
 (0 when the read failed).
+
+Known label sets start at zero, so dashboards and absence alerts work before the first event:
+every task and queue a worker declares (:meth:`MetricsHooks.declare`), every outcome, guard,
+renewal failure and store call; and every queue the exporter knows (its app's tasks' queues,
+and each queue it has seen hold a job).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -30,10 +35,11 @@ from prometheus_client.registry import Collector
 
 from jobguard.exceptions import ConfigurationError, JobGuardError
 from jobguard.hooks import AttemptEvent, Hooks
-from jobguard.models import Delivery, Job, Outcome
+from jobguard.models import Delivery, Job, Outcome, QueueStats
 
 if TYPE_CHECKING:
     from jobguard.app import App
+    from jobguard.task import Task
 
 MAX_LABEL_VALUES = 200
 OTHER = "other"
@@ -45,6 +51,17 @@ RAN_HANDLER = frozenset(
     {Outcome.COMPLETED, Outcome.RETRY, Outcome.DEAD, Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED}
 )
 _RENEWAL_FAILURES = ("lease_lost", "lock_lost", "store_error")
+STORE_ERROR_PLACES = (
+    "fetch",
+    "wait",
+    "pipeline",
+    "settle",
+    "release",
+    "prune",
+    "heartbeat",
+    "schedule",
+)
+"""The store calls a worker or scheduler counts failures of (``where``), served from 0."""
 # The counters and the histogram one kind of delivery (task, queue, outcome) feeds.
 _Children = tuple[tuple[Counter, ...], Histogram | None]
 
@@ -141,6 +158,22 @@ class MetricsHooks(Hooks):
         )
         for reason in _RENEWAL_FAILURES:
             self.renewal_failures.labels(reason)  # present at 0 from the first scrape
+        for where in STORE_ERROR_PLACES:
+            self.store_errors.labels(where)
+
+    def declare(self, tasks: Iterable[Task]) -> None:
+        """Serve every series of these tasks (on their queues) at 0 before their first event.
+
+        ``jobguard worker --metrics-port`` declares the app's tasks; call it with
+        ``app.tasks.values()`` when you serve the registry yourself.
+        """
+        for task in tasks:
+            for outcome in Outcome:
+                if outcome is not Outcome.RUNNING:
+                    self._children_of(task.name, task.queue, outcome)
+            labels = self._labels(task.name, task.queue)
+            self.enqueued.labels(*labels)
+            self.dedup_hits.labels(*labels)
 
     def _labels(self, task: str, queue: str) -> tuple[str, str]:
         return self._task(task), self._queue(queue)
@@ -200,11 +233,14 @@ class StoreCollector(Collector):
     """Reads the store at scrape time: per queue depth, in flight, oldest age and DLQ size.
 
     One scrape costs the three aggregate reads of :meth:`App.queue_stats`; a failed read is
-    reported as ``jobguard_store_up 0`` instead of failing the scrape.
+    reported as ``jobguard_store_up 0`` instead of failing the scrape. Every queue of the app's
+    tasks, and every queue an earlier scrape saw hold a job, is served at 0 when it has none.
     """
 
     def __init__(self, app: App) -> None:
         self.app = app
+        # Queues to serve even when empty, in the order first known (at most MAX_LABEL_VALUES).
+        self._known: dict[str, None] = {}
 
     def collect(self) -> Iterator[Metric]:
         """Yield the gauges (called by the registry on every scrape)."""
@@ -242,7 +278,12 @@ class StoreCollector(Collector):
                 "jobguard_queue_paused", "1 while the queue is paused, else 0.", labels=["queue"]
             ),
         }
-        for queue in stats:
+        for name in [*self.app.queues(), *(queue.queue for queue in stats)]:
+            if len(self._known) < MAX_LABEL_VALUES:
+                self._known.setdefault(name)
+        present = {queue.queue for queue in stats}
+        drained = [QueueStats(name) for name in self._known if name not in present]
+        for queue in capped_queues([*stats, *drained]):
             label = [queue.queue]
             gauges["depth"].add_metric(label, queue.ready)
             gauges["scheduled"].add_metric(label, queue.scheduled)
@@ -252,6 +293,32 @@ class StoreCollector(Collector):
             gauges["dead"].add_metric(label, queue.dead)
             gauges["paused"].add_metric(label, int(queue.paused))
         yield from gauges.values()
+
+
+def capped_queues(stats: list[QueueStats], limit: int = MAX_LABEL_VALUES) -> list[QueueStats]:
+    """The first ``limit`` queues by name as they are; the others summed as one ``other``
+    queue (its oldest job the oldest of theirs), so the queue label stays bounded."""
+    ordered = sorted(stats, key=lambda queue: queue.queue)
+    kept, rest = ordered[:limit], ordered[limit:]
+    if not rest:
+        return kept
+    named = [queue for queue in kept if queue.queue != OTHER]
+    folded = [*rest, *(queue for queue in kept if queue.queue == OTHER)]
+
+    def least(values: list[float | None]) -> float | None:
+        return min((value for value in values if value is not None), default=None)
+
+    other = QueueStats(
+        queue=OTHER,
+        ready=sum(queue.ready for queue in folded),
+        scheduled=sum(queue.scheduled for queue in folded),
+        running=sum(queue.running for queue in folded),
+        dead=sum(queue.dead for queue in folded),
+        oldest_ready_at=least([queue.oldest_ready_at for queue in folded]),
+        oldest_running_since=least([queue.oldest_running_since for queue in folded]),
+        shortest_lease_s=least([queue.shortest_lease_s for queue in folded]),
+    )
+    return [*named, other]
 
 
 def store_registry(app: App) -> CollectorRegistry:

@@ -15,6 +15,7 @@ import re
 import select
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -22,16 +23,18 @@ from typing import Any, TypeVar
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.url import parse_postgres_url
+from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import NamedStatements, Tx, UserCodeError
 from jobguard.exceptions import ConfigurationError, StepSQLError, StoreUnavailableError
 
 try:
     import psycopg
     from psycopg import errors, sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg.pq import TransactionStatus
     from psycopg.rows import dict_row, tuple_row
     from psycopg.types.json import Jsonb
-    from psycopg_pool import ConnectionPool
+    from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
         "PostgreSQL needs the postgres extra: pip install 'jobguard[postgres]'"
@@ -43,13 +46,26 @@ _RAW = load_queries("jobguard.backends.postgres")
 # The server aborted the transaction on its own; nothing of it committed, so it is run again.
 _RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
 _RETRIES = 5
-_CONNECT_TIMEOUT_S = 10
+# Every connection jobguard opens notices a dead peer or a network that stopped answering in
+# seconds, not at the kernel's defaults (hours for an idle socket, ~15 minutes for unanswered
+# data): TCP keepalives probe an idle connection, tcp_user_timeout bounds unacknowledged data,
+# and the server ends one of jobguard's statements that waits too long for a lock or runs on.
+# A setting the URL gives wins over these.
+CONNECTION_DEFAULTS: dict[str, str] = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",  # milliseconds
+}
+SERVER_TIMEOUTS = "-c statement_timeout=60s -c lock_timeout=30s"
 _RECONNECT_WINDOW_S = 5.0
-# Statements a db_step function may not run: they would end the step's transaction.
-_TRANSACTION_CONTROL = re.compile(
-    r"^\s*(begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction)\b",
-    re.IGNORECASE,
+# The first words of the statements that end (or split) the transaction a db_step runs in.
+_ENDS_TRANSACTION = frozenset(
+    {"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
 )
+_WORD = re.compile(r"[A-Za-z_]+")
 
 
 def render_queries(schema: str) -> dict[str, str]:
@@ -62,6 +78,15 @@ def render_queries(schema: str) -> dict[str, str]:
     return {name: sql.SQL(text).format(**values).as_string(None) for name, text in _RAW.items()}
 
 
+def with_connection_defaults(conninfo: str) -> str:
+    """``conninfo`` with :data:`CONNECTION_DEFAULTS` and :data:`SERVER_TIMEOUTS` where it sets
+    none of its own (its ``options`` come after ours, so a ``-c`` of the URL's wins)."""
+    given = conninfo_to_dict(conninfo)
+    params: dict[str, Any] = {**CONNECTION_DEFAULTS, **given}
+    params["options"] = f"{SERVER_TIMEOUTS} {given.get('options') or ''}".strip()
+    return make_conninfo("", **params)
+
+
 def channel_of(schema: str) -> str:
     """The LISTEN/NOTIFY channel of one jobguard schema."""
     return f"{schema}_jobs"
@@ -72,7 +97,7 @@ class PostgresTx(NamedStatements):
 
     def __init__(
         self,
-        conn: psycopg.Connection[Any],
+        conn: psycopg.Connection[Any] | LoopBridge,
         queries: Mapping[str, str],
         clock: Callable[[], float] | None,
         server_clock: ServerClock,
@@ -83,8 +108,8 @@ class PostgresTx(NamedStatements):
         self._server_clock = server_clock
 
     @property
-    def connection(self) -> psycopg.Connection[Any]:
-        """The psycopg connection of this transaction."""
+    def connection(self) -> psycopg.Connection[Any] | LoopBridge:
+        """The psycopg connection of this transaction (bridged, for an asyncio caller's)."""
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
@@ -112,38 +137,137 @@ class PostgresTx(NamedStatements):
         return float(row["now"])
 
 
+# SQLSTATE classes of a failing server or connection, not of the statement: connection
+# exceptions (08), operator intervention (57P: admin or crash shutdown, cannot connect now),
+# insufficient resources (53), and timeouts and aborts the server decided (a statement or lock
+# timeout, a deadlock, a serialization failure).
+_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "53")
+_OUTAGE_SQLSTATES = frozenset({"57014", "55P03", "40001", "40P01"})
+
+
+def is_outage(exc: psycopg.Error) -> bool:
+    """Whether a psycopg error is the server or the connection failing, not the SQL.
+
+    An error with no SQLSTATE is the client's: a connection closed or lost, a pool timeout.
+    """
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith(_OUTAGE_SQLSTATE_PREFIXES) or state in _OUTAGE_SQLSTATES
+
+
+def connection_broke(exc: psycopg.Error) -> bool:
+    """Whether the connection itself failed (reset, closed, terminated), not the statement or
+    the pool (a pool timeout is not retried on a new connection: the server is saturated)."""
+    if isinstance(exc, PoolTimeout) or not isinstance(exc, psycopg.OperationalError):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
+
+
+def step_error(exc: psycopg.Error) -> StepSQLError | StoreUnavailableError:
+    """The jobguard error for a failed statement of a db_step: an outage of the store, or the
+    step's SQL failing (a constraint, a syntax error)."""
+    if is_outage(exc):
+        return StoreUnavailableError(f"the step's connection to PostgreSQL failed: {exc}")
+    return StepSQLError(f"SQL of the step failed: {exc}")
+
+
+def leading_words(query: str, count: int = 2) -> list[str]:
+    """The first ``count`` words of a statement, lower-cased, after what the server skips
+    before it: white space, empty statements (``;``), ``--`` and nested ``/* */`` comments."""
+    words: list[str] = []
+    i, n = 0, len(query)
+    while i < n and len(words) < count:
+        if query[i].isspace() or query[i] == ";":
+            i += 1
+        elif query.startswith("--", i):
+            end = query.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif query.startswith("/*", i):
+            depth = 0
+            while i < n:
+                if query.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif query.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                    if depth == 0:
+                        break
+                else:
+                    i += 1
+        else:
+            word = _WORD.match(query, i)
+            if word is None:
+                break
+            words.append(word.group(0).lower())
+            i = word.end()
+    return words
+
+
+def ends_transaction(query: str) -> bool:
+    """Whether one statement would end the transaction it runs in (or split it)."""
+    words = leading_words(query)
+    return bool(words) and (words[0] in _ENDS_TRANSACTION or words == ["prepare", "transaction"])
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
-    Placeholders are psycopg's (``%s`` or ``%(name)s``); rows come back as tuples. Statements
-    that would end the transaction are refused, and errors are raised as
-    :class:`~jobguard.exceptions.StepSQLError`.
+    Placeholders are psycopg's (``%s`` or ``%(name)s``); rows come back as tuples. The step's
+    transaction cannot be ended from here, whatever the text: each call runs one statement (in
+    pipeline mode the server refuses a text of several), one that would end the transaction is
+    refused before it is sent, and a transaction found ended after a statement fails the step.
+    Errors are raised as :class:`~jobguard.exceptions.StepSQLError`, or as
+    :class:`~jobguard.exceptions.StoreUnavailableError` when the connection or server failed.
     """
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
+        self._ended = False
 
-    def execute(self, query: str, parameters: Any = None) -> psycopg.Cursor[Any]:
-        """Run one statement in the step's transaction."""
-        if _TRANSACTION_CONTROL.match(query):
+    def _check(self, query: Any) -> None:
+        if self._ended:
+            raise StepSQLError("the step's transaction ended; no statement can run in it")
+        if not isinstance(query, str | bytes | sql.Composable):
+            raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
+        text = query.as_string(self._conn) if isinstance(query, sql.Composable) else query
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if ends_transaction(text):
             raise StepSQLError(
                 "a db_step function may not begin, commit or roll back: its rows commit "
                 "together with the step record"
             )
+
+    def _after(self) -> None:
+        if self._conn.info.transaction_status != TransactionStatus.INTRANS:
+            self._ended = True
+            raise StepSQLError(
+                "the step's transaction ended inside the db_step function; nothing of it is "
+                "kept with the step record"
+            )
+
+    def execute(self, query: str, parameters: Any = None) -> psycopg.Cursor[Any]:
+        """Run one statement in the step's transaction."""
+        self._check(query)
+        cursor = self._conn.cursor(row_factory=tuple_row)
         try:
-            return self._conn.cursor(row_factory=tuple_row).execute(query, parameters)
+            with self._conn.pipeline():  # the extended protocol: one statement per text
+                cursor.execute(query, parameters)
         except psycopg.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
+        self._after()
+        return cursor
 
     def executemany(self, query: str, params_seq: Any) -> psycopg.Cursor[Any]:
         """Run one statement for each parameter set, in the step's transaction."""
-        if _TRANSACTION_CONTROL.match(query):
-            raise StepSQLError("a db_step function may not begin, commit or roll back")
+        self._check(query)
         cursor = self._conn.cursor(row_factory=tuple_row)
         try:
-            cursor.executemany(query, params_seq)
+            with self._conn.pipeline():
+                cursor.executemany(query, params_seq)
         except psycopg.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
+        self._after()
         return cursor
 
 
@@ -164,6 +288,7 @@ class PostgresDriver:
     """
 
     dialect = "postgres"
+    client_errors: tuple[type[Exception], ...] = (psycopg.Error,)
 
     def __init__(
         self,
@@ -177,8 +302,9 @@ class PostgresDriver:
             raise ConfigurationError(f"pool_size must be an integer >= 1, not {pool_size!r}")
         parsed = parse_postgres_url(url, schema)
         self.url = parsed.display
+        self._redact = parsed.redact
         self.schema = parsed.schema
-        self._conninfo = parsed.conninfo
+        self._conninfo = with_connection_defaults(parsed.conninfo)
         self._queries = render_queries(self.schema)
         self._clock = clock
         self._server_clock = ServerClock()
@@ -192,16 +318,16 @@ class PostgresDriver:
         self._guard = threading.Lock()
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_pid = -1
+        # Callers' connections already seen to hold this schema (checked once each).
+        self._adopted: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
         """A new autocommit connection of this store's database (closed by the caller)."""
         try:
-            return psycopg.connect(
-                self._conninfo, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, **options
-            )
+            return psycopg.connect(self._conninfo, autocommit=True, **options)
         except psycopg.Error as exc:
             raise StoreUnavailableError(
-                f"cannot connect to PostgreSQL at {self.url}: {str(exc).strip()}"
+                f"cannot connect to PostgreSQL at {self.url}: {self._redact(str(exc).strip())}"
             ) from exc
 
     def _pool_of_this_process(self) -> ConnectionPool[psycopg.Connection[Any]]:
@@ -216,7 +342,6 @@ class PostgresDriver:
                         max_size=self._pool_size,
                         kwargs={
                             "autocommit": True,
-                            "connect_timeout": _CONNECT_TIMEOUT_S,
                             # Shown in pg_stat_activity: which worker process holds what.
                             "application_name": f"jobguard:{pid}",
                         },
@@ -231,15 +356,21 @@ class PostgresDriver:
                     self._pid = pid
         return self._pool
 
-    def _tx(self, conn: psycopg.Connection[Any]) -> PostgresTx:
+    def _tx(self, conn: psycopg.Connection[Any] | LoopBridge) -> PostgresTx:
         return PostgresTx(conn, self._queries, self._clock, self._server_clock)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
-        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock)."""
+        """Run ``fn`` in one transaction; retried if the server aborted it (deadlock), and once
+        on a new connection if its connection broke before the commit was sent (a reset): then
+        nothing of it committed, so it is run again instead of left to a lease."""
+        fresh = False
         for attempt in range(_RETRIES):
+            committing = False
             try:
-                with self._pool_of_this_process().connection() as conn, conn.transaction():
-                    return fn(self._tx(conn))
+                with self._writing(fresh=fresh) as conn, conn.transaction():
+                    result = fn(self._tx(conn))
+                    committing = True  # from here an error may come after the commit landed
+                return result
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
             except _RETRYABLE as exc:
@@ -247,8 +378,27 @@ class PostgresDriver:
                     raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
                 time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
             except psycopg.Error as exc:  # the pool's own errors (a timeout) included
+                if not fresh and not committing and connection_broke(exc):
+                    fresh = True
+                    continue
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection, or (``fresh``) a new one of its own, closed after the write."""
+        if not fresh:
+            with self._pool_of_this_process().connection() as conn:
+                yield conn
+            return
+        try:
+            conn = psycopg.connect(
+                self._conninfo, autocommit=True, application_name=f"jobguard:{os.getpid()}"
+            )
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
+        with conn:
+            yield conn
 
     def read(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` on a pooled connection (each statement sees committed data)."""
@@ -259,25 +409,62 @@ class PostgresDriver:
             raise StoreUnavailableError(f"PostgreSQL read failed: {exc}") from exc
 
     def adopt(self, connection: Any) -> PostgresTx:
-        """The caller's own psycopg connection to this database, inside its transaction."""
-        if not isinstance(connection, psycopg.Connection):
+        """The caller's own connection to this database, inside its transaction.
+
+        A psycopg ``Connection`` (a pooled one too), a SQLAlchemy ``Connection`` or ``Session``
+        on psycopg, or (through :class:`~jobguard.backends.sql.callers.LoopBridge`) a psycopg
+        ``AsyncConnection``.
+        """
+        connection = unwrap(connection)
+        own = connection.target if isinstance(connection, LoopBridge) else connection
+        if not isinstance(own, psycopg.Connection | psycopg.AsyncConnection):
             raise ConfigurationError(
-                "connection= must be a psycopg Connection to the store's database, "
-                f"not {type(connection).__name__}"
+                "connection= must be a psycopg connection to the store's database (or a "
+                f"SQLAlchemy Connection or Session on one), not {type(own).__name__}"
             )
-        status = connection.info.transaction_status
-        if connection.autocommit and status == TransactionStatus.IDLE:
+        if own.closed:
+            raise ConfigurationError(
+                "connection= is closed: pass an open psycopg connection to the store's database"
+            )
+        status = own.info.transaction_status
+        if own.autocommit and status == TransactionStatus.IDLE:
             raise ConfigurationError(
                 "connection= is in autocommit mode outside a transaction: use "
                 "`with conn.transaction():` so the job commits or rolls back with your writes"
             )
         if status == TransactionStatus.INERROR:
             raise ConfigurationError("connection= is in a failed transaction; roll it back first")
+        if own not in self._adopted:
+            self._check_adopted_schema(connection, own.info.dbname)
+            self._adopted.add(own)
         return self._tx(connection)
 
+    def _check_adopted_schema(
+        self, connection: psycopg.Connection[Any] | LoopBridge, database: str
+    ) -> None:
+        """Refuse a caller's connection to a database without this store's tables, with the
+        reason, instead of psycopg's own error from the enqueue's first statement."""
+        try:
+            row = (
+                connection.cursor(row_factory=dict_row)  # a bridged one gives dicts anyway
+                .execute("SELECT to_regclass(format('%%I.jobs', %s::text)) AS jobs", [self.schema])
+                .fetchone()
+            )
+        except psycopg.Error as exc:
+            raise ConfigurationError(f"connection= cannot be used: {exc}") from exc
+        if row is None or row["jobs"] is None:
+            raise ConfigurationError(
+                f"connection= is on database {database!r}, which has no jobguard "
+                f"schema {self.schema!r}: pass a connection to the store's database (or run "
+                "`jobguard migrate` if it is that one)"
+            )
+
     @contextmanager
-    def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
-        """The connection ``db_step`` code gets; it cannot end the step's transaction."""
+    def step_connection(self, tx: Tx, *, savepoints: bool = False) -> Iterator[StepConnection]:
+        """The connection ``db_step`` code gets; it cannot end the step's transaction.
+
+        Checked after the code ran (savepoints of its own are always allowed here).
+        """
         conn: psycopg.Connection[Any] = tx.connection
         yield StepConnection(conn)
         if conn.info.transaction_status != TransactionStatus.INTRANS:

@@ -16,7 +16,7 @@ def migrate_url(url: str, *, dry_run: bool = False) -> tuple[int, list[str]]:
         conn = psycopg.connect(parsed.conninfo, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         raise StoreUnavailableError(
-            f"cannot connect to PostgreSQL at {parsed.display}: {str(exc).strip()}"
+            f"cannot connect to PostgreSQL at {parsed.display}: {parsed.redact(str(exc).strip())}"
         ) from exc
     with conn:
         return migrate(conn, parsed.schema, dry_run=dry_run)

@@ -51,6 +51,9 @@ class Driver(Protocol):
 
     url: str
     dialect: str
+    client_errors: tuple[type[Exception], ...]
+    """The database client's own errors, met on a caller's connection (``adopt``) and wrapped
+    by the store as :class:`~jobguard.exceptions.StoreUnavailableError`."""
 
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one transaction and return once it is durably committed.
@@ -69,8 +72,12 @@ class Driver(Protocol):
         transaction commits.
         """
 
-    def step_connection(self, tx: Tx) -> AbstractContextManager[Any]:
-        """The connection ``db_step`` code writes through, inside ``tx``; refuses to end it."""
+    def step_connection(self, tx: Tx, *, savepoints: bool = False) -> AbstractContextManager[Any]:
+        """The connection ``db_step`` code writes through, inside ``tx``; refuses to end it.
+
+        With ``savepoints``, the code may open and release savepoints of its own (an ORM's
+        nested ``atomic()`` or ``begin_nested()``), but still not end the transaction.
+        """
 
     def now(self) -> float:
         """The store clock outside a transaction."""

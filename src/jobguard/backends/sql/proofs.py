@@ -11,13 +11,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobguard.backends.base import BeginRequest, Begun
 from jobguard.backends.sql import rows
 from jobguard.backends.sql.driver import Driver, Row, Tx, UserCodeError
 from jobguard.core import messages
+from jobguard.exceptions import StoreUnavailableError
 from jobguard.models import BusyReason, Guard, LockGrant, Operation, OperationStatus
+
+if TYPE_CHECKING:
+    from jobguard.steptx import StepCall, StepTransactions
 
 T = TypeVar("T")
 
@@ -311,9 +315,17 @@ class Proofs:
         self.driver.write(op)
 
     def db_step(
-        self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
+        self,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+        on: StepTransactions | None = None,
     ) -> tuple[bool, Any]:
         """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
+        if on is not None:
+            return self._db_step_on(on, guard, key, name, fn, args)
 
         def op(tx: Tx) -> tuple[bool, Any]:
             stored = verify(tx, guard, key, step=name)["step_result"]
@@ -331,6 +343,54 @@ class Proofs:
             return True, value
 
         return self.driver.write(op)
+
+    def _db_step_on(
+        self,
+        on: StepTransactions,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+    ) -> tuple[bool, Any]:
+        """:meth:`db_step` in a transaction of a framework's connection (``ctx.db_step(on=)``).
+
+        The guard is checked again after ``fn``: on PostgreSQL, a lock taken over while ``fn``
+        ran is seen by then, and the ORM's writes roll back with the refusal.
+        """
+        try:
+            with on.transaction() as (connection, call):
+                try:
+                    return self._step_on(
+                        self.driver.adopt(connection), guard, key, name, fn, args, call
+                    )
+                except self.driver.client_errors as exc:  # our statements on their connection
+                    raise StoreUnavailableError(f"the db_step transaction failed: {exc}") from exc
+        except UserCodeError as exc:
+            raise exc.original from exc.original.__cause__
+
+    def _step_on(
+        self,
+        tx: Tx,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+        call: StepCall,
+    ) -> tuple[bool, Any]:
+        stored = verify(tx, guard, key, step=name)["step_result"]
+        if stored is not None:
+            return False, json.loads(stored)
+        with self.driver.step_connection(tx, savepoints=True):  # the ORM's own savepoints
+            try:
+                value = call(fn, args)
+            except Exception as exc:
+                raise UserCodeError(exc) from exc  # raised as it is, after the rollback
+        result_json = json.dumps(value)
+        verify(tx, guard, key)
+        self._insert_step(tx, guard, key, name, result_json, tx.now())
+        return True, value
 
     def get_operation(self, key: str) -> Operation | None:
         """The operation record with its steps, or ``None``."""

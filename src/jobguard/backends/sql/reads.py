@@ -175,7 +175,9 @@ class Reads:
         """Recent attempts per time bucket and outcome."""
         params = {"since": since, "bucket_s": bucket_s, "window": window}
         return [
-            OutcomeCount(since + row["bucket"] * bucket_s, Outcome(row["outcome"]), int(row["n"]))
+            OutcomeCount(
+                since + row["bucket"] * bucket_s, Outcome.stored(row["outcome"]), int(row["n"])
+            )
             for row in self._read_all("outcome_timeline", params)
         ]
 

@@ -23,6 +23,15 @@ from jobguard.models import (
 )
 
 
+def stored_json(text: Any) -> Any:
+    """A stored result: its JSON value, or the text itself if it is not JSON (a row written by
+    another tool or version), so that reading the record shows it instead of failing."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return text
+
+
 def job(row: Row, *, deduplicated: bool = False) -> Job:
     """A ``jobs`` row as a :class:`Job`."""
     return Job(
@@ -47,7 +56,7 @@ def job(row: Row, *, deduplicated: bool = False) -> Job:
         dead_reason=dead_reason(
             row["dead_code"], row["dead_reason"], row["attempts"], row["max_attempts"]
         ),
-        dead_code=DeadCode(row["dead_code"]) if row["dead_code"] else None,
+        dead_code=DeadCode.stored(row["dead_code"]) if row["dead_code"] else None,
         headers=row["headers"],
         deduplicated=deduplicated,
     )
@@ -81,9 +90,9 @@ def operation(row: Row, steps: Sequence[Row]) -> Operation:
     """An ``operations`` row and its ``steps`` rows as an :class:`Operation`."""
     return Operation(
         key=row["key"],
-        status=OperationStatus(row["status"]),
+        status=OperationStatus.stored(row["status"]),
         resource_key=row["resource_key"],
-        result=json.loads(row["result"]) if row["result"] is not None else None,
+        result=stored_json(row["result"]) if row["result"] is not None else None,
         external_ref=row["external_ref"],
         attempts=row["attempts"],
         fence=row["fence"],
@@ -91,7 +100,7 @@ def operation(row: Row, steps: Sequence[Row]) -> Operation:
         updated_at=row["updated_at"],
         completed_at=row["completed_at"],
         last_error=row["last_error"],
-        steps={step["name"]: json.loads(step["result"]) for step in steps},
+        steps={step["name"]: stored_json(step["result"]) for step in steps},
     )
 
 
@@ -111,12 +120,13 @@ def attempt(row: Row) -> Attempt:
         started_at=row["started_at"],
         ended_at=row["ended_at"],
         duration_s=row["duration_s"],
-        outcome=Outcome(row["outcome"]),
+        outcome=Outcome.stored(row["outcome"]),
         error_type=row["error_type"],
         error_message=row["error_message"],
         traceback=row["traceback"],
         steps_run=row["steps_run"],
         steps_skipped=row["steps_skipped"],
+        host_delivery=row["host_delivery"],
     )
 
 

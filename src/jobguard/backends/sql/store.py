@@ -20,13 +20,14 @@ The store is five parts by role, composed here:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobguard.backends.base import (
     BeginRequest,
     Begun,
     DeliveryRules,
     Ending,
+    HostAdmission,
     Prepared,
     Renewal,
     RenewalResult,
@@ -52,6 +53,9 @@ from jobguard.models import (
     QueueStats,
     ScheduleState,
 )
+
+if TYPE_CHECKING:
+    from jobguard.steptx import StepTransactions
 
 T = TypeVar("T")
 
@@ -117,6 +121,12 @@ class SQLStore:
         """Extend every lease and lock still ours, in one transaction."""
         return self._leases.renew(renewals)
 
+    def admit_host_delivery(
+        self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
+    ) -> HostAdmission:
+        """Admit a host queue's delivery against its shadow job (lease it, or say why not)."""
+        return self._leases.admit_host_delivery(spec, worker_id, rules, host_delivery)
+
     def settle(self, endings: Sequence[Ending]) -> list[JobGuardError | None]:
         """Write a batch of endings in one transaction, each all-or-nothing on its own."""
         return self._endings.settle(endings)
@@ -150,10 +160,16 @@ class SQLStore:
         self._proofs.put_step(guard, key, name, result_json)
 
     def db_step(
-        self, guard: Guard, key: str, name: str, fn: Callable[..., T], args: Sequence[Any]
+        self,
+        guard: Guard,
+        key: str,
+        name: str,
+        fn: Callable[..., T],
+        args: Sequence[Any],
+        on: StepTransactions | None = None,
     ) -> tuple[bool, Any]:
         """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
-        return self._proofs.db_step(guard, key, name, fn, args)
+        return self._proofs.db_step(guard, key, name, fn, args, on)
 
     def get_operation(self, key: str) -> Operation | None:
         """The operation record with its steps, or ``None``."""

@@ -156,6 +156,27 @@ def conn_path(conn: sqlite3.Connection) -> str:
     return ""
 
 
+def planned_migrations(path: str) -> tuple[int, list[str]]:
+    """What migrating the file at ``path`` would apply: (its version, the SQL), changing
+    nothing: a missing file is not created, and an existing one is read without a lock and
+    without switching its journal mode (what ``migrate --dry-run`` shows)."""
+    if not os.path.exists(path):
+        todo = pending(0, migrations_of(_PACKAGE), f"the SQLite database {path!r}")
+        return 0, [sql for _version, _name, sql in todo]
+    try:
+        conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreUnavailableError(f"cannot open SQLite database {path!r}: {exc}") from exc
+    try:
+        current = schema_version(conn)
+        todo = pending(current, migrations_of(_PACKAGE), f"the SQLite database {path!r}")
+    except sqlite3.Error as exc:
+        raise StoreUnavailableError(f"cannot read SQLite database {path!r}: {exc}") from exc
+    finally:
+        conn.close()
+    return current, [sql for _version, _name, sql in todo]
+
+
 def migrate(conn: sqlite3.Connection, *, dry_run: bool = False) -> tuple[int, list[str]]:
     """Apply the migrations this database lacks, in one transaction.
 
@@ -328,6 +349,36 @@ class GroupCommitter:
         for request in batch:
             request.result = None
             request.error = error
+
+
+# Primary result codes of the database file or its host failing, not of the SQL: busy or locked
+# past the timeout, out of memory, interrupted, I/O error, corrupt, disk full, cannot open,
+# lock protocol error, read-only.
+_OUTAGE_CODES = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_INTERRUPT,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_READONLY,
+    }
+)
+
+
+def is_outage(exc: sqlite3.Error) -> bool:
+    """Whether a sqlite3 error is the store's file or host failing, not the SQL.
+
+    A closed connection (``ProgrammingError`` without a code) is the store's too.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return "closed" in str(exc)
+    return code & 0xFF in _OUTAGE_CODES
 
 
 def _wrap(exc: BaseException) -> StoreUnavailableError:

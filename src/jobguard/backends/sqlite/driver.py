@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
+from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import NamedStatements, Tx
 from jobguard.backends.sqlite.clock import host_clock
 from jobguard.backends.sqlite.connection import (
@@ -25,6 +26,7 @@ from jobguard.backends.sqlite.connection import (
     SQLiteOptions,
     conn_path,
     file_uri,
+    is_outage,
     migrate,
     open_connection,
 )
@@ -96,6 +98,22 @@ def _deny_transaction_control(action: int, *_: str | None) -> int:
     return sqlite3.SQLITE_OK
 
 
+def _deny_ending_the_transaction(action: int, *_: str | None) -> int:
+    """The same, but an ORM's own savepoints are allowed (the step's transaction is a BEGIN,
+    so no savepoint of theirs can end it)."""
+    if action == sqlite3.SQLITE_TRANSACTION:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+def step_error(exc: sqlite3.Error) -> StepSQLError | StoreUnavailableError:
+    """The jobguard error for a failed statement of a db_step: an outage of the store (its file
+    or host failing), or the step's SQL failing (a constraint, a syntax error)."""
+    if is_outage(exc):
+        return StoreUnavailableError(f"the step's SQLite database failed: {exc}")
+    return StepSQLError(f"SQL of the step failed: {exc}")
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -112,14 +130,14 @@ class StepConnection:
         try:
             return self._conn.execute(sql, parameters)
         except sqlite3.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
 
     def executemany(self, sql: str, seq_of_parameters: Any) -> sqlite3.Cursor:
         """Run one statement for each parameter set, in the step's transaction."""
         try:
             return self._conn.executemany(sql, seq_of_parameters)
         except sqlite3.Error as exc:
-            raise StepSQLError(f"SQL of the step failed: {exc}") from exc
+            raise step_error(exc) from exc
 
 
 class SQLiteDriver:
@@ -133,6 +151,7 @@ class SQLiteDriver:
     """
 
     dialect = "sqlite"
+    client_errors: tuple[type[Exception], ...] = (sqlite3.Error,)
 
     def __init__(
         self,
@@ -194,6 +213,12 @@ class SQLiteDriver:
         if not replaced and deep:
             self._identity_checked = time.monotonic()
             replaced = _identity(self.path) != self._identity
+        if not replaced and not os.access(self.path, os.W_OK):
+            # A read-only file (or file system) answers reads but refuses every write.
+            raise StoreBrokenError(
+                f"the SQLite file {self.path!r} is read-only: a worker or scheduler cannot "
+                "use it; make it writable, then start the process again"
+            )
         if replaced:
             raise StoreBrokenError(
                 f"the SQLite file {self.path!r} was deleted or replaced while in use; "
@@ -201,35 +226,65 @@ class SQLiteDriver:
             )
 
     def adopt(self, connection: Any) -> SQLiteTx:
-        """The caller's own open ``sqlite3`` connection to this file, inside its transaction."""
+        """The caller's own open connection to this file, inside its transaction.
+
+        A ``sqlite3`` connection, a SQLAlchemy ``Connection`` or ``Session`` on one, or (through
+        :class:`~jobguard.backends.sql.callers.LoopBridge`) an aiosqlite connection.
+        """
+        connection = unwrap(connection)
+        if isinstance(connection, LoopBridge):
+            return self._adopt_bridged(connection)
         if not isinstance(connection, sqlite3.Connection):
             raise ConfigurationError(
-                "connection= must be a sqlite3.Connection to the store's file, "
-                f"not {type(connection).__name__}"
+                "connection= must be a sqlite3.Connection to the store's file (or a SQLAlchemy "
+                f"Connection or Session on one), not {type(connection).__name__}"
             )
+        try:
+            _ = connection.total_changes  # raises on a closed connection, before any SQL
+        except sqlite3.ProgrammingError:
+            raise ConfigurationError(
+                "connection= is closed: pass an open sqlite3 connection to the store's file"
+            ) from None
         try:
             theirs = conn_path(connection)
         except sqlite3.Error as exc:
             raise ConfigurationError(f"connection= cannot be used: {exc}") from exc
+        self._check_adopted(theirs, connection.isolation_level, connection.in_transaction)
+        return SQLiteTx(connection, self._clock)
+
+    def _adopt_bridged(self, bridge: LoopBridge) -> SQLiteTx:
+        target = bridge.target
+        if not all(hasattr(target, name) for name in ("in_transaction", "isolation_level")):
+            raise ConfigurationError(
+                "connection= must be an aiosqlite connection to the store's file (or a "
+                f"SQLAlchemy AsyncConnection or AsyncSession on one), not {type(target).__name__}"
+            )
+        names = bridge.execute("PRAGMA database_list").fetchall()
+        theirs = next((str(row["file"]) for row in names if row["name"] == "main"), "")
+        self._check_adopted(theirs, target.isolation_level, target.in_transaction)
+        return SQLiteTx(bridge, self._clock)  # type: ignore[arg-type]  # a DB-API face
+
+    def _check_adopted(self, theirs: str, isolation_level: str | None, in_tx: bool) -> None:
         if not theirs or os.path.realpath(theirs) != os.path.realpath(self.path):
             raise ConfigurationError(
                 f"connection= is open on {theirs or 'an in-memory database'!r}, not on the "
                 f"store's file {self.path!r}"
             )
-        if connection.isolation_level is None and not connection.in_transaction:
+        if isolation_level is None and not in_tx:
             raise ConfigurationError(
                 "connection= is in autocommit mode outside a transaction: run BEGIN first, "
                 "so the job commits or rolls back with your writes"
             )
-        return SQLiteTx(connection, self._clock)
 
     @contextmanager
-    def step_connection(self, tx: Tx) -> Iterator[StepConnection]:
+    def step_connection(self, tx: Tx, *, savepoints: bool = False) -> Iterator[StepConnection]:
         """The connection ``db_step`` code gets; it cannot end the step's transaction."""
         conn: sqlite3.Connection = tx.connection
         # fn must not end the step's transaction (COMMIT, ROLLBACK, RELEASE): its rows would
         # then commit without the step record.
-        conn.set_authorizer(_deny_transaction_control)
+        conn.set_authorizer(
+            _deny_ending_the_transaction if savepoints else _deny_transaction_control
+        )
         try:
             yield StepConnection(conn)
         finally:

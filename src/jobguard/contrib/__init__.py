@@ -1,0 +1,1 @@
+"""Integrations with web frameworks and ORMs; each needs its extra (``jobguard[sqlalchemy]``...)."""

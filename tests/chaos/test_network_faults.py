@@ -1,0 +1,148 @@
+"""A network that stops answering must not let two workers act (#18).
+
+Real worker processes reach the real PostgreSQL through :class:`~tests.support.faultproxy.
+FaultProxy`, which the tests start themselves and switch between passing, latency, resets and
+a black hole (packets dropped, nothing refused).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from jobguard import App, JobStatus, Outcome
+from tests.support import pg, stores
+from tests.support.faultproxy import FaultProxy
+from tests.support.network_app import BRIEF, CALL_ONCE, RUN_ONCE, make_app, read_events
+from tests.support.procs import spawn_worker, wait_until, workers
+
+pytestmark = pytest.mark.chaos
+
+APP_MODULE = "tests.support.network_app"
+WORK_S = 8.0  # longer than two leases: the job outlives the lease its worker cannot renew
+HOLE_S = 15.0
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """A fresh jobguard schema on the real PostgreSQL."""
+    return pg.fresh_store_url(pg.session_database())
+
+
+@pytest.fixture
+def proxy() -> Iterator[FaultProxy]:
+    """A fault proxy in front of the real PostgreSQL."""
+    started = FaultProxy()
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def napp(pg_url: str) -> Iterator[App]:
+    """The producer side of ``network_app``, connected directly."""
+    application = make_app(pg_url)
+    _ = application.backend
+    yield application
+    application.close()
+
+
+def events(url: str, what: str) -> list[dict[str, object]]:
+    """The handlers' events of one kind."""
+    return [event for event in read_events(url) if event["what"] == what]
+
+
+def test_a_black_hole_tells_the_handler_its_lease_is_lost_and_the_call_is_made_once(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """Worker A reaches PostgreSQL through the proxy, worker B directly. A black hole opens
+    under A while its handler works: A's renewals hang (they never fail), B takes the job over
+    once the lease ran out, and A's handler must learn that its lease is lost, on A's own
+    clock, before its external call; so the call is made once, by B."""
+    first = spawn_worker(proxy.url_for(pg_url), APP_MODULE, worker_id="A")
+    with workers(first) as (worker_a,):
+        worker_a.wait_ready()
+        job = napp.tasks[CALL_ONCE].enqueue(work_s=WORK_S)
+        wait_until(lambda: bool(events(pg_url, "start")), timeout_s=30)
+        proxy.black_hole()
+        opened = time.monotonic()
+        with workers(spawn_worker(pg_url, APP_MODULE, worker_id="B")) as (worker_b,):
+            worker_b.wait_ready()
+            wait_until(lambda: bool(events(pg_url, "external-call")), timeout_s=60)
+            wait_until(lambda: bool(events(pg_url, "noticed-lost")), timeout_s=30)
+            wait_until(lambda: time.monotonic() - opened >= HOLE_S, timeout_s=HOLE_S)
+            proxy.heal()
+            wait_until(lambda: napp.get_job(job.id).status is JobStatus.COMPLETED, timeout_s=30)
+    calls = events(pg_url, "external-call")
+    assert [call["worker"] for call in calls] == ["B"]
+    noticed = events(pg_url, "noticed-lost")
+    assert [event["worker"] for event in noticed] == ["A"]
+    b_start = next(e for e in events(pg_url, "start") if e["worker"] == "B")
+    assert float(noticed[0]["t"]) < float(calls[0]["t"])
+    assert float(b_start["t"]) < float(calls[0]["t"])
+
+
+def test_every_connection_of_the_store_has_timeouts_and_keepalives(pg_url: str) -> None:
+    """A dead network is noticed in seconds: keepalives, a TCP user timeout and a connect
+    timeout on every connection, and server-side timeouts on jobguard's own statements; a
+    setting the URL gives wins."""
+    from jobguard.backends.postgres.driver import PostgresDriver
+
+    driver = PostgresDriver(pg_url + "&connect_timeout=3&options=-c%20lock_timeout%3D7s")
+    try:
+        with driver.connect() as conn:
+            params = conn.info.get_parameters()
+            assert params["keepalives"] == "1"
+            assert int(params["keepalives_idle"]) <= 5
+            assert int(params["tcp_user_timeout"]) <= 10000
+            assert params["connect_timeout"] == "3"
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("1min",)
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
+        timeouts = driver.read(
+            lambda tx: tx.connection.execute("SHOW statement_timeout").fetchone()
+        )
+        assert timeouts == ("1min",)
+    finally:
+        driver.close()
+
+
+def test_an_ack_on_a_connection_reset_meanwhile_is_written_on_a_new_connection(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """Every connection of the worker is reset while its handler runs (the idle pooled ones
+    too), so the ack's transaction fails as it begins: the ack is written again at once on a
+    new connection, and the job is not left to its lease to run again."""
+    with workers(spawn_worker(proxy.url_for(pg_url), APP_MODULE, worker_id="A")) as (worker,):
+        worker.wait_ready()
+        job = napp.tasks[RUN_ONCE].enqueue()
+        wait_until(lambda: bool(events(pg_url, "ran")), timeout_s=30)
+        proxy.reset_all()
+        (stores.home_of(pg_url) / "go").touch()
+        wait_until(lambda: napp.get_job(job.id).status is JobStatus.COMPLETED, timeout_s=60)
+    assert proxy.resets >= 1
+    assert [a.outcome for a in napp.attempts(job_id=job.id)] == [Outcome.COMPLETED]
+    assert len(events(pg_url, "ran")) == 1
+
+
+def test_under_latency_every_job_runs_once_and_keeps_its_lease(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """200 ms added each way between a worker and PostgreSQL (several round trips per write):
+    every job runs once, keeps its lease from fetch to ending, and completes. The lease is 6 s:
+    a renewal takes several round trips (over a second here), and a delivery fetched while a
+    beat is on its way waits for the next one, so a 3 s lease can still run out before its
+    first renewal at this latency."""
+    proxy.latency(0.2)
+    jobs = [napp.tasks[BRIEF].enqueue(n=n, work_s=0.5) for n in range(8)]
+    url = proxy.url_for(pg_url)
+    with workers(spawn_worker(url, APP_MODULE, worker_id="A", concurrency=2)) as (worker,):
+        worker.wait_ready()
+        wait_until(
+            lambda: all(napp.get_job(j.id).status is JobStatus.COMPLETED for j in jobs),
+            timeout_s=120,
+        )
+    outcomes = [a.outcome for j in jobs for a in napp.attempts(job_id=j.id)]
+    assert outcomes == [Outcome.COMPLETED] * len(jobs)
+    assert len(events(pg_url, "ran")) == len(jobs)
+    assert events(pg_url, "lost") == []

@@ -1,0 +1,20 @@
+"""Django tasks (``@task``) run by jobguard's workers, with jobguard's operation key."""
+
+from django_tasks import task
+
+from jobguard.contrib.django import DjangoSteps
+from jobguard.contrib.django.tasks import current_context, guarded
+
+
+def record_payment(_conn: None, order_id: int) -> int:
+    from shop.models import Payment
+
+    Payment.objects.create(order_id=order_id)
+    return order_id
+
+
+@task()
+@guarded(operation_key="refund:{order_id}")
+def refund(order_id: int) -> int:
+    ctx = current_context()
+    return ctx.db_step("refund", record_payment, order_id, on=DjangoSteps())
