@@ -5,6 +5,7 @@ Start with :class:`App`; see the README and ``docs/`` for the concepts.
 
 from jobguard.app import App, DeadLetterQueue
 from jobguard.context import Context
+from jobguard.core.selection import DeadFilter, ReplayReport
 from jobguard.exceptions import (
     ConfigurationError,
     DuplicateJobError,
@@ -46,6 +47,7 @@ __all__ = [
     "AttemptEvent",
     "ConfigurationError",
     "Context",
+    "DeadFilter",
     "DeadJob",
     "DeadLetterQueue",
     "DuplicateJobError",
@@ -66,6 +68,7 @@ __all__ = [
     "OperationStatus",
     "Outcome",
     "PayloadError",
+    "ReplayReport",
     "Retry",
     "Schedule",
     "Scheduler",

@@ -24,6 +24,7 @@ from jobguard.backends.base import Backend
 from jobguard.core import checks
 from jobguard.core.retry import RetryPolicy
 from jobguard.core.schedules import Cron, Every, Missed, Trigger, interval_seconds
+from jobguard.core.selection import DeadFilter, ReplayReport
 from jobguard.exceptions import (
     ConfigurationError,
     JobGuardError,
@@ -127,6 +128,88 @@ class DeadLetterQueue:
             target = "all dead jobs" if job_id is None else f"job {job_id}"
             self._app.backend.record_audit(actor, "purge", target, f"{purged} purged")
         return purged
+
+    def count(self, selection: DeadFilter) -> int:
+        """How many dead jobs ``selection`` matches (#17)."""
+        return self._app.backend.count_dead(_selection(selection))
+
+    def select(self, selection: DeadFilter, limit: int = 10) -> Sequence[Job]:
+        """The first ``limit`` dead jobs ``selection`` matches, in id order: what a bulk action
+        would touch first (#17)."""
+        limit = checks.count("limit", limit)
+        return self._app.backend.select_dead(_selection(selection), limit)
+
+    def replay_many(
+        self, selection: DeadFilter, *, actor: str = "api", batch_size: int = 500
+    ) -> ReplayReport:
+        """Queue every dead job ``selection`` matches again, ``batch_size`` per transaction.
+
+        Each job is replayed once even when another operator replays the same selection at the
+        same time: a job the other one moved first is counted in ``gone``. A job whose dedup key
+        a live job holds stays dead and is listed in ``held``; the rest go on. One audit entry
+        (action ``replay-dead``) records the selection and the counts.
+
+        Args:
+            selection: Which dead jobs (:class:`DeadFilter`; ``DeadFilter()`` is all of them).
+            actor: Who acts, for the audit trail.
+            batch_size: Jobs per transaction.
+
+        Returns:
+            What was replayed, held back and already gone.
+        """
+        selection = _selection(selection)
+        actor = checks.text("actor", actor)
+        batch_size = checks.count("batch_size", batch_size)
+        replayed: list[int] = []
+        held: list[tuple[int, int]] = []
+        gone = 0
+        after = 0
+        while True:
+            batch = self._app.backend.replay_dead(selection, batch_size, after)
+            replayed += batch.replayed
+            held += batch.held
+            gone += batch.gone
+            if batch.last_id == after:
+                break
+            after = batch.last_id
+        report = ReplayReport(replayed, held, gone)
+        self._app.backend.record_audit(actor, "replay-dead", selection.describe(), report.summary())
+        return report
+
+    def purge_many(
+        self, selection: DeadFilter, *, actor: str = "api", batch_size: int = 500
+    ) -> int:
+        """Delete every dead job ``selection`` matches with its attempts; return how many.
+
+        ``batch_size`` jobs per transaction; one audit entry (action ``purge-dead``) records the
+        selection and the count.
+
+        Args:
+            selection: Which dead jobs (:class:`DeadFilter`; ``DeadFilter()`` is all of them).
+            actor: Who acts, for the audit trail.
+            batch_size: Jobs per transaction.
+        """
+        selection = _selection(selection)
+        actor = checks.text("actor", actor)
+        batch_size = checks.count("batch_size", batch_size)
+        purged = 0
+        after = 0
+        while True:
+            count, last = self._app.backend.purge_dead(selection, batch_size, after)
+            purged += count
+            if last == after:
+                break
+            after = last
+        self._app.backend.record_audit(
+            actor, "purge-dead", selection.describe(), f"{purged} purged"
+        )
+        return purged
+
+
+def _selection(value: Any) -> DeadFilter:
+    if not isinstance(value, DeadFilter):
+        raise ConfigurationError(f"selection must be a DeadFilter, got {type(value).__name__}")
+    return value
 
 
 class App:
@@ -486,6 +569,20 @@ class App:
         if since_s <= 0 or bucket_s <= 0 or window < 1:
             raise ConfigurationError("since_s and bucket_s must be > 0 and window >= 1")
         return self.backend.outcome_timeline(self.backend.now() - since_s, bucket_s, window)
+
+    def replay_dead(
+        self, selection: DeadFilter, *, actor: str = "api", batch_size: int = 500
+    ) -> ReplayReport:
+        """Replay every dead job ``selection`` matches, each once; see
+        :meth:`DeadLetterQueue.replay_many` (audited as ``replay-dead``)."""
+        return self.dlq.replay_many(selection, actor=actor, batch_size=batch_size)
+
+    def purge_dead(
+        self, selection: DeadFilter, *, actor: str = "api", batch_size: int = 500
+    ) -> int:
+        """Delete every dead job ``selection`` matches with its attempts; see
+        :meth:`DeadLetterQueue.purge_many` (audited as ``purge-dead``)."""
+        return self.dlq.purge_many(selection, actor=actor, batch_size=batch_size)
 
     def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent operator actions (replays and purges with an actor), newest first."""

@@ -381,3 +381,27 @@ WHERE name = :name AND cursor = :expected;
 
 -- name: record_schedule_job
 UPDATE schedules SET last_tick = :tick, last_job_id = :job_id WHERE name = :name;
+
+-- Bulk DLQ actions (#17): the selection of a DeadFilter, in id order from a cursor.
+
+-- name: dead_selection
+SELECT * FROM jobs
+WHERE status = 'dead' AND id > :after_id
+  AND (:task IS NULL OR task = :task) AND (:queue IS NULL OR queue = :queue)
+  AND (:code IS NULL OR dead_code = :code)
+  AND (:since IS NULL OR finished_at >= :since) AND (:until IS NULL OR finished_at < :until)
+ORDER BY id LIMIT :limit;
+
+-- name: count_dead_selection
+SELECT count(*) AS n FROM jobs
+WHERE status = 'dead'
+  AND (:task IS NULL OR task = :task) AND (:queue IS NULL OR queue = :queue)
+  AND (:code IS NULL OR dead_code = :code)
+  AND (:since IS NULL OR finished_at >= :since) AND (:until IS NULL OR finished_at < :until);
+
+-- name: purge_dead_attempts
+DELETE FROM attempts WHERE job_id IN (SELECT value FROM json_each(:ids))
+  AND job_id IN (SELECT id FROM jobs WHERE status = 'dead');
+
+-- name: purge_dead_jobs
+DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'dead';
