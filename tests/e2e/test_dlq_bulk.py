@@ -12,8 +12,6 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -21,23 +19,8 @@ import pytest
 from jobguard import App, DeadFilter, JobStatus
 from jobguard.exceptions import ConfigurationError
 from jobguard.models import DeadCode, JobSpec
-from tests.support import stores
+from tests.support.dead import HOUR, JAN_1, Buried, bury, replayed_in_audit
 from tests.support.procs import clean_env, entry_point
-
-# 2026-01-01T00:00:00Z and one hour later: burial times the filters select on.
-JAN_1 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
-HOUR = 3600.0
-
-
-@dataclass(frozen=True)
-class Buried:
-    """How one test job is buried."""
-
-    task: str = "mail"
-    queue: str = "default"
-    code: DeadCode = DeadCode.EXHAUSTED
-    at: float = JAN_1
-    dedup_key: str | None = None
 
 
 @pytest.fixture
@@ -46,32 +29,6 @@ def dlq_app(store_url: str) -> Iterator[App]:
     application = App(store_url)
     yield application
     application.close()
-
-
-def bury(app: App, url: str, jobs: Sequence[Buried]) -> list[int]:
-    """Store ``jobs`` and move them into the dead letter queue; their ids in order."""
-    specs = [
-        JobSpec(
-            task=job.task,
-            queue=job.queue,
-            payload=f'{{"n": {n}}}',
-            max_attempts=3,
-            visibility_timeout_s=30.0,
-            dedup_key=job.dedup_key,
-        )
-        for n, job in enumerate(jobs)
-    ]
-    stored = app.backend.enqueue_many(specs)
-    table = stores.table(url, "jobs")
-    stores.execute(
-        url,
-        [
-            f"UPDATE {table} SET status = 'dead', dead_code = ?, dead_reason = 'buried by test', "
-            "finished_at = ? WHERE id = ?"
-        ],
-        [(job.code.value, job.at, row.id) for job, row in zip(jobs, stored, strict=True)],
-    )
-    return [row.id for row in stored]
 
 
 def jobguard(
@@ -168,15 +125,6 @@ def dead_ids(app: App) -> set[int]:
 def status_of(app: App, ids: Sequence[int]) -> set[JobStatus]:
     """The states the jobs ``ids`` are in."""
     return {app.get_job(job_id).status for job_id in ids}
-
-
-def replayed_in_audit(app: App) -> int:
-    """Sum of the counts the replay audit entries record ("N replayed ...")."""
-    return sum(
-        int(entry.detail.split(" replayed")[0])
-        for entry in app.audit_trail(1000)
-        if entry.action == "replay-dead"
-    )
 
 
 # -- replay ------------------------------------------------------------------------------------
