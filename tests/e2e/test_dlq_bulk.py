@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import select
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from jobguard import App, DeadFilter, JobStatus
+from jobguard import App, DeadFilter, JobStatus, ReplayReport
 from jobguard.exceptions import ConfigurationError
 from jobguard.models import DeadCode, JobSpec
+from tests.support import stores
 from tests.support.dead import HOUR, JAN_1, Buried, bury, replayed_in_audit
-from tests.support.procs import clean_env, entry_point
+from tests.support.procs import clean_env, entry_point, wait_until
 
 
 @pytest.fixture
@@ -363,3 +365,63 @@ def test_a_bad_filter_value_in_the_api_is_a_configuration_error() -> None:
         DeadFilter.parse(reason="tired")
     with pytest.raises(ConfigurationError, match="not a time"):
         DeadFilter.parse(since="noon")
+
+
+# -- the race, made deterministic ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_a_job_the_other_operator_moved_first_is_skipped_not_replayed_twice(
+    dlq_app: App, store_url: str
+) -> None:
+    """The other operator's transaction moves job 2 while this replay has already selected it.
+
+    This replay's UPDATE waits for that row, then finds it no longer dead: it is counted as
+    gone, and jobs 1 and 3 are replayed. (SQLite serialises writers, so the race cannot arise.)
+    """
+    ids = bury(dlq_app, store_url, [Buried()] * 3)
+    table = stores.table(store_url, "jobs")
+    other = stores.connect(store_url)
+    reports: list[ReplayReport] = []
+    try:
+        other.autocommit = False
+        other.execute(f"UPDATE {table} SET status = 'queued' WHERE id = %s", (ids[1],))
+        replaying = threading.Thread(
+            target=lambda: reports.append(dlq_app.replay_dead(DeadFilter()))
+        )
+        replaying.start()
+        wait_until(lambda: waiting_on_a_row_lock(store_url))
+        other.commit()
+        replaying.join(timeout=60)
+    finally:
+        other.close()
+
+    [report] = reports
+    assert (report.replayed, report.held, report.gone) == ([ids[0], ids[2]], [], 1)
+    [entry] = dlq_app.audit_trail(10)
+    assert entry.detail == "2 replayed, 0 held, 1 already gone"
+
+
+def waiting_on_a_row_lock(url: str) -> bool:
+    """Whether a replay's UPDATE in this database waits for a row another transaction holds."""
+    found = stores.query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND position(? IN query) > 0",
+        ["SET status = 'queued', available_at"],
+    )
+    return bool(found[0][0])
+
+
+def test_two_dead_jobs_with_one_dedup_key_replay_the_first_and_report_the_second(
+    dlq_app: App, store_url: str
+) -> None:
+    """Within one batch: the first replayed job then holds the key, the second is held back."""
+    ids = bury(dlq_app, store_url, [Buried()] * 3)
+    table = stores.table(store_url, "jobs")  # one key on two dead jobs: set by hand
+    stores.execute(store_url, [f"UPDATE {table} SET dedup_key = 'k' WHERE id IN (?, ?)"], [ids[:2]])
+
+    report = dlq_app.replay_dead(DeadFilter(), actor="ops", batch_size=2)
+
+    assert (report.replayed, report.held, report.gone) == ([ids[0], ids[2]], [(ids[1], ids[0])], 0)
+    assert dead_ids(dlq_app) == {ids[1]}
