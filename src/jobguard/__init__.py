@@ -3,9 +3,10 @@
 Start with :class:`App`; see the README and ``docs/`` for the concepts.
 """
 
-from jobguard.app import App, DeadLetterQueue
+from jobguard.app import App
 from jobguard.context import Context
 from jobguard.core.selection import DeadFilter, ReplayReport
+from jobguard.deadletters import DeadLetterQueue
 from jobguard.exceptions import (
     ConfigurationError,
     DuplicateJobError,
