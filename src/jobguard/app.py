@@ -123,7 +123,15 @@ class App:
         self.hooks: Hooks = contained(hooks or Hooks())
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
+        # Guarded tasks of host queues (jobguard.hosts): how a replayed job is sent again.
+        self.host_replays: dict[str, Callable[[Job], None]] = {}
         self.dlq = DeadLetterQueue(self)
+
+    @property
+    def store_url(self) -> str | None:
+        """The URL the store is opened from, as given (``None`` for an App made from a backend
+        object): what another process needs to open the same store."""
+        return self._migrate_url
 
     @property
     def backend(self) -> Backend:

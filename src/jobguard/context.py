@@ -58,6 +58,9 @@ class InFlight:
         # When the lease was last known to be ours, on this worker's monotonic clock: fetched,
         # or the start of the last renewal that succeeded (the store extended it after that).
         self.renewed_at = time.monotonic()
+        # The longest time the heartbeat overslept while this delivery was held (monotonic): the
+        # whole process stood still (stopped, a paused VM, swapping), not the handler alone.
+        self.stalled_s = 0.0
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lease or lock is gone; the handler's writes will be refused.

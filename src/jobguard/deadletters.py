@@ -49,6 +49,10 @@ class DeadLetterQueue:
         job_id = checks.job_id(job_id)
         actor = checks.optional_text("actor", actor)
         job = self._app.backend.replay(job_id)
+        resend = self._app.host_replays.get(job.task)
+        if resend is not None:
+            # A guarded task of another queue: its host delivers it, so send it there again.
+            resend(job)
         if actor is not None:
             self._app.backend.record_audit(actor, "replay", f"job {job_id}", job.task)
         return job
@@ -103,6 +107,7 @@ class DeadLetterQueue:
         after = 0
         while True:
             batch = self._app.backend.replay_dead(selection, batch_size, after)
+            self._resend_to_hosts(batch.replayed)
             replayed += batch.replayed
             held += batch.held
             gone += batch.gone
@@ -112,6 +117,17 @@ class DeadLetterQueue:
         report = ReplayReport(replayed, held, gone)
         self._app.backend.record_audit(actor, "replay-dead", selection.describe(), report.summary())
         return report
+
+    def _resend_to_hosts(self, job_ids: Sequence[int]) -> None:
+        """Send replayed jobs of guarded tasks of another queue to their host again, as
+        :meth:`replay` does for one."""
+        if not self._app.host_replays:
+            return
+        for job_id in job_ids:
+            job = self._app.get_job(job_id)
+            resend = self._app.host_replays.get(job.task)
+            if resend is not None:
+                resend(job)
 
     def purge_many(
         self, selection: DeadFilter, *, actor: str = "api", batch_size: int = 500

@@ -1,6 +1,9 @@
 """The heartbeat: extends every in-flight lease and lock while the worker lives (G2.2, G3.3).
 
 A store error is expected (the store may hiccup): it is reported and the next beat tries again.
+A wait that overslept by a whole beat or more means the process stood still (stopped, a paused
+VM, swapping): each delivery in flight remembers the longest such stall, so a lease lost to it
+is recorded as a stall, not as a slow handler.
 Anything else means the heartbeat cannot do its job; it never dies silently: it hands the error
 to ``on_failure`` (the worker then stops taking work and says why) and stops.
 """
@@ -69,9 +72,17 @@ class Heartbeat(threading.Thread):
             while not self._stopped.is_set():
                 # A poke (new deliveries) only shortens the wait when their leases need it: a
                 # fetch must not renew every lease in flight, or a busy worker renews per fetch.
-                due = last_beat + renewal_interval_s(self._snapshot())
-                self._wake.wait(max(0.0, due - time.monotonic()))
+                interval_s = renewal_interval_s(self._snapshot())
+                due = last_beat + interval_s
+                timeout_s = max(0.0, due - time.monotonic())
+                slept_from = time.monotonic()
+                poked = self._wake.wait(timeout_s)
                 self._wake.clear()
+                if not poked:
+                    overslept_s = time.monotonic() - slept_from - timeout_s
+                    if overslept_s >= interval_s:  # a whole beat missed: the process stood still
+                        for item in self._snapshot():
+                            item.stalled_s = max(item.stalled_s, overslept_s)
                 if self._stopped.is_set():
                     return
                 if time.monotonic() >= due:

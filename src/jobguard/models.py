@@ -224,6 +224,16 @@ class Attempt:
     traceback: str | None
     steps_run: int
     steps_skipped: int
+    host_delivery: str | None = None
+    """The host queue's own id of the delivery (Celery task id, RQ job id, Dramatiq message
+    id) when a host queue's task is guarded (:mod:`jobguard.hosts`); ``None`` otherwise."""
+
+    @property
+    def never_reported(self) -> bool:
+        """Closed as lost when its lease was taken over: its worker died or froze and never
+        said how long it ran or which steps it skipped (``steps_run`` counts the steps it
+        recorded)."""
+        return self.outcome == Outcome.LOST and self.duration_s is None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from jobguard.core.schedules import (
     jitter_offset_s,
     next_ticks,
     parse_tick_text,
+    tick_key,
     tick_text,
 )
 from jobguard.exceptions import ConfigurationError, Fatal
@@ -28,11 +29,6 @@ from jobguard.models import JobSpec
 from jobguard.task import CallOptions, Task
 
 TICK_ARGUMENT = "tick"
-
-
-def tick_key(name: str, tick: int) -> str:
-    """The dedup key (and default operation key) of one tick: ``schedule:NAME@TICK``."""
-    return f"schedule:{name}@{tick_text(tick)}"
 
 
 def check_tick_handler(name: str, fn: Callable[..., Any]) -> None:

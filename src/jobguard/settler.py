@@ -98,8 +98,9 @@ class Settler:
             for inflight, _ in pending:
                 self._done(inflight)
 
-    def settle(self, pending: Sequence[Settling]) -> None:
-        """Write one batch of endings; report each delivery's final ending."""
+    def settle(self, pending: Sequence[Settling]) -> list[Ending]:
+        """Write one batch of endings; report and return each delivery's final ending (a
+        guarded host task maps its own onto the host's ack or retry)."""
         finals = self._written(pending)
         refusals = [
             (inflight, final)
@@ -116,6 +117,7 @@ class Settler:
         for (inflight, _), final in zip(pending, finals, strict=True):
             self._pipeline.report(inflight, final)
             self._counted(final.outcome)
+        return finals
 
     def _written(self, pending: Sequence[Settling]) -> list[Ending]:
         """Settle the batch; each delivery's final ending (a refusal in place of a refused one,

@@ -372,7 +372,14 @@ class Worker:
             )
             for item in items
         ]
-        return sum(refusal is None for refusal in self.app.backend.settle(releases))
+        released = 0
+        for item, ending, refusal in zip(
+            items, releases, self.app.backend.settle(releases), strict=True
+        ):
+            if refusal is None:
+                released += 1
+                self._pipeline.report(item, ending)  # its attempt row says released: so do hooks
+        return released
 
     def _is_suspect(self, item: InFlight) -> bool:
         try:

@@ -752,15 +752,20 @@ def test_the_fetching_workers_attempt_limit_decides_when_a_lost_job_is_buried(
     backend: Backend, clock: ControlledClock
 ) -> None:
     """Stored with 1 attempt by an old producer, allowed 3 by the worker's definition: a delivery
-    that never reported back is delivered again instead of being buried."""
+    that never reported back is delivered again instead of being buried, and the row shows the
+    limit the worker enforces (a fetch without rules then goes by it)."""
     job = backend.enqueue(make_spec(max_attempts=1, visibility_timeout_s=5.0))
     rules = {"tests.noop": DeliveryRules(visibility_timeout_s=5.0, max_attempts=3)}
     fetch(backend, ["default"], 1, "w1", rules)
+    assert backend.get_job(job.id).max_attempts == 3
     clock.advance(6.0)
     [again] = fetch(backend, ["default"], 1, "w2", rules)
-    assert (again.job_id, again.attempt) == (job.id, 2)
+    assert (again.job_id, again.attempt, again.max_attempts) == (job.id, 2, 3)
     clock.advance(6.0)
-    assert fetch(backend, ["default"], 1, "w3") == []  # without rules, the stored limit of 1
+    [third] = fetch(backend, ["default"], 1, "w3")  # without rules: the limit the row holds
+    assert (third.attempt, third.max_attempts) == (3, 3)
+    clock.advance(6.0)
+    assert fetch(backend, ["default"], 1, "w4") == []
     assert backend.get_job(job.id).status == JobStatus.DEAD
 
 

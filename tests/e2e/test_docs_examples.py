@@ -59,6 +59,7 @@ import pytest
 from jobguard.cli.main import cli
 from tests.support import pg
 from tests.support.procs import clean_env, entry_point
+from tests.support.redisdb import claimed_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCS = REPO_ROOT / "docs"
@@ -67,6 +68,7 @@ NOT_HERE = {"tour.md"}
 DOCUMENTS = [
     REPO_ROOT / "README.md",
     *sorted(path for path in DOCS.glob("*.md") if path.name not in NOT_HERE),
+    *sorted(DOCS.glob("hosts/*.md")),
 ]
 SHELL = {"sh", "bash", "shell", "console"}
 UNMARKED_PYTHON = {"py", "python3", "pycon", "ipython"}
@@ -75,6 +77,8 @@ TIMEOUT_S = 60.0
 BACKENDS = ("sqlite", "postgres")
 SQLITE_URL = re.compile(r"sqlite:///([\w.-]+)")
 EXAMPLE_DATABASE_URL = re.compile(r"postgresql://app@localhost/(\w+)")
+# The Redis the host-queue examples name; each run gets a database of its own instead.
+EXAMPLE_BROKER_URL = "redis://localhost:6379/0"
 
 
 @dataclass
@@ -305,7 +309,11 @@ def is_executed(block: Block) -> bool:
 
 
 def run_document(
-    document: Path, workdir: Path, backend: str = "sqlite", postgres: PostgresStores | None = None
+    document: Path,
+    workdir: Path,
+    backend: str = "sqlite",
+    postgres: PostgresStores | None = None,
+    broker_url: str | None = None,
 ) -> None:
     """Run a document's examples for ``backend`` in order in ``workdir``; raise AssertionError
     on the first that fails. See the module docstring for the rules."""
@@ -319,6 +327,10 @@ def run_document(
         if backend == "postgres":
             assert postgres is not None, "the PostgreSQL pass needs its stores"
             block = dataclasses.replace(written, code=postgres.substitute(written.code))
+        if broker_url is not None:
+            block = dataclasses.replace(
+                block, code=block.code.replace(EXAMPLE_BROKER_URL, broker_url)
+            )
         if block.lang == "python" and "file" in block.options:
             write_module(block, workdir)
         elif block.lang == "python":
@@ -341,7 +353,11 @@ def test_every_example_of_the_document_runs(document: Path, backend: str, tmp_pa
     SQLite as written and on PostgreSQL with the store URLs replaced."""
     postgres = PostgresStores()
     try:
-        run_document(document, tmp_path, backend, postgres)
+        if EXAMPLE_BROKER_URL in document.read_text():
+            with claimed_database() as broker_url:
+                run_document(document, tmp_path, backend, postgres, broker_url)
+        else:
+            run_document(document, tmp_path, backend, postgres)
     finally:
         postgres.close()
 

@@ -19,33 +19,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from jobguard import App, ConfigurationError, Context, JobStatus, Outcome
-from jobguard.backends import sqlite_path
-from jobguard.backends.base import Backend
-from jobguard.backends.postgres import PostgresBackend
-from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.cli.main import cli
 from jobguard.scheduler import Scheduler
 from jobguard.testing import ControlledClock, drain
-
-# 2026-03-29 00:59:00 UTC: one minute before Europe/Berlin springs forward (01:00 UTC).
-SPRING = datetime(2026, 3, 29, 0, 59, tzinfo=UTC).timestamp()
-
-
-@pytest.fixture
-def clock() -> ControlledClock:
-    return ControlledClock(SPRING)
-
-
-@pytest.fixture
-def timed_app(store_url: str, clock: ControlledClock) -> Iterator[App]:
-    """An app on a fresh store of each backend whose clock the test moves."""
-    if store_url.startswith("sqlite:"):
-        backend: Backend = SQLiteBackend(sqlite_path(store_url), clock=clock)
-    else:
-        backend = PostgresBackend(store_url, clock=clock)
-    application = App(backend=backend)
-    yield application
-    application.close()
+from tests.e2e.conftest import SPRING
 
 
 def scheduler(app: App) -> Scheduler:

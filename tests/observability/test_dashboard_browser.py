@@ -139,6 +139,15 @@ def test_an_operator_logs_in_watches_a_queue_drain_and_replays_a_dead_job(
     outcomes = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#attempts .outcome")]
     assert outcomes == ["lost", "completed"]
     assert "victim-1" in text_of(browser, "#attempts")
+    # The lost attempt is not drawn as a run that lasted its whole lease: only its start is
+    # solid; the span until the takeover is an outline, what is not known.
+    lost_bar, ran_bar = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.run")
+    assert float(lost_bar.get_attribute("width") or 0) <= 4
+    [unknown] = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.unknown")
+    assert unknown.get_attribute("fill") == "none"
+    assert float(unknown.get_attribute("width") or 0) > float(lost_bar.get_attribute("width") or 0)
+    assert "stopped reporting" in (unknown.get_attribute("textContent") or "")
+    assert float(ran_bar.get_attribute("width") or 0) > 0
     browser.save_screenshot(str(images / "dashboard-job-timeline.png"))
 
     # The duration histogram with the visibility timeout and lock TTL drawn across it.

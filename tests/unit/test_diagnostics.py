@@ -789,18 +789,21 @@ def test_many_jobs_failing_together_are_an_outage_not_poison() -> None:
     [outage] = find_outages(buried)
     assert (outage.task, outage.failures, outage.retried, outage.dead) == ("sync", 15, 10, 5)
     assert outage.job_ids == outage.dead_job_ids == (1, 2, 3, 4, 5)
-    [finding] = outage_findings([outage])
+    dead = {n: job(id=n, status=JobStatus.DEAD) for n in range(1, 6)}
+    [finding] = outage_findings([outage], dead)
     assert (finding.kind, finding.severity, finding.keys.job_ids) == (
         Kind.OUTAGE,
         Severity.PROBLEM,
         (1, 2, 3, 4, 5),
     )
+    [replayed] = outage_findings([outage], {n: job(id=n) for n in range(1, 6)})
+    assert replayed.severity == Severity.HINT
     [group] = repeated_errors(buried, outages={("sync", outage.signature)})
     assert (group.outage, group.poison, group.max_per_job) == (True, False, 3)
     assert poison_findings([group]) == []
 
     retried = [failure(job_id, T0 + job_id) for job_id in range(1, 6)]
-    [warning] = outage_findings(find_outages(retried))
+    [warning] = outage_findings(find_outages(retried), {})
     assert warning.severity == Severity.WARNING
 
 
@@ -1005,6 +1008,24 @@ def test_completions_with_fewer_steps_than_usual_are_named() -> None:
         Severity.WARNING,
         (6,),
     )
+
+
+def test_most_completions_stopping_partway_through_the_full_run_are_short() -> None:
+    """When most completions stopped partway (a swallowed error during an outage), the fullest
+    run a quarter of them made is the usual one: the others recorded only steps the full runs
+    recorded too, so they are short. Completions that took another branch (a step the full runs
+    never recorded) are not."""
+    full = {"render": 1, "send": 2}
+    attempts = [attempt(job_id=n, operation_key=f"op:{n}", steps_run=2) for n in range(1, 4)]
+    attempts += [attempt(job_id=n, operation_key=f"op:{n}", steps_run=1) for n in range(4, 8)]
+    operations = {f"op:{n}": operation(f"op:{n}", steps=full) for n in range(1, 4)}
+    operations.update({f"op:{n}": operation(f"op:{n}", steps={"render": 1}) for n in range(4, 8)})
+    assert short_completions(attempts) == []  # by counts alone, the short ones are the usual
+    [short] = short_completions(attempts, operations)
+    assert (short.usual_steps, short.job_ids, short.fewest_steps) == (2, (4, 5, 6, 7), 1)
+
+    operations.update({f"op:{n}": operation(f"op:{n}", steps={"skip": 1}) for n in range(4, 8)})
+    assert short_completions(attempts, operations) == []
 
 
 def test_audit_examples_are_the_most_recent_in_numeric_order() -> None:

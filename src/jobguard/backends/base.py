@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from jobguard.core.hosts import Admit
 from jobguard.core.selection import DeadFilter, ReplayBatch
 from jobguard.exceptions import JobGuardError
 from jobguard.models import (
@@ -179,6 +180,21 @@ class Prepared:
     begun: Begun | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class HostAdmission:
+    """What :meth:`QueuePort.admit_host_delivery` did with one delivery of a host queue.
+
+    ``prepared`` is set when the shadow job was leased to it (``admit`` INSERT or LEASE),
+    begun as a fetch begins (lock and operation claim); ``wait_s`` says how long until the
+    host should deliver again (HELD, EARLY).
+    """
+
+    admit: Admit
+    job_id: int | None = None
+    prepared: Prepared | None = None
+    wait_s: float = 0.0
+
+
 def begin_request(
     delivery: Delivery, rule: DeliveryRules | None, worker_id: str
 ) -> BeginRequest | None:
@@ -232,6 +248,21 @@ class QueuePort(Protocol):
         (owner token: ``worker_id`` and a random part, length from its rule) and its operation
         claim; ``busy`` results are kept (the lock or claim belongs to another live delivery).
         Other deliveries come back with ``request`` and ``begun`` ``None``.
+        """
+
+    def admit_host_delivery(
+        self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
+    ) -> HostAdmission:
+        """Admit one delivery of a host queue's task against its shadow job (``jobguard.hosts``).
+
+        The shadow job is the newest job holding ``spec.dedup_key``. Atomic: one transaction,
+        and admissions of one key take turns. As :func:`jobguard.core.hosts.admission` decides:
+        a new job is stored from ``spec`` and leased, or the waiting job is leased (an expired
+        lease's attempt closed as lost first; a job whose attempts are spent is buried as
+        :attr:`DeadCode.LOST` instead), each lease with an attempt row that records
+        ``host_delivery`` (the host's own id of the delivery) and begun in the same
+        transaction as :meth:`fetch_prepared` begins (``rules`` give the lock's length); or
+        nothing is written.
         """
 
     def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:

@@ -76,7 +76,8 @@ def show(state: CliState, job_id: int, as_json: bool) -> None:
     out.print(attempts_table(f"attempts of job {job.id}", dead.attempts))
     for attempt in dead.attempts:
         if attempt.traceback:
-            out.print(safe_text(f"\ntraceback of attempt {attempt.attempt} ({attempt.worker_id}):"))
+            out.print()
+            out.print(safe_text(f"traceback of attempt {attempt.attempt} ({attempt.worker_id}):"))
             out.print(safe_text(attempt.traceback.rstrip(), keep_lines=True))
 
 

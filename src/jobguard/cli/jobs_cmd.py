@@ -90,12 +90,17 @@ def safe_text(text: str, style: str = "", *, keep_lines: bool = False) -> Text:
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Table:
-    """A rich table whose cells are plain text (no markup from stored strings)."""
+    """A rich table whose cells are plain text (no markup from stored strings).
+
+    A cell keeps its line breaks: inside its box they cannot pass for lines of the output, so
+    a list of fire times or a multi-line error reads as lines; every other control character
+    is still escaped.
+    """
     grid = Table(title=safe_text(title), title_justify="left")  # titles quote keys too
     for name in columns:
         grid.add_column(name, overflow="fold")
     for row in rows:
-        grid.add_row(*(safe_text(dash(cell)) for cell in row))
+        grid.add_row(*(safe_text(dash(cell), keep_lines=True) for cell in row))
     return grid
 
 
@@ -151,13 +156,14 @@ def attempts_table(title: str, attempts: Sequence[Attempt]) -> Table:
             [
                 a.job_id,
                 a.attempt,
-                a.worker_id,
+                # A guarded host task's attempt names the host's own delivery too.
+                f"{a.worker_id} {a.host_delivery}" if a.host_delivery else a.worker_id,
                 a.outcome.value,
                 when(a.started_at),
                 duration(a.duration_s),
                 a.lock_owner,
                 a.fence,
-                f"{a.steps_run}/{a.steps_skipped}",
+                f"{a.steps_run}/{'?' if a.never_reported else a.steps_skipped}",
                 f"{a.error_type}: {a.error_message}" if a.error_type else None,
             ]
             for a in attempts

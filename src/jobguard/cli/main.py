@@ -130,8 +130,13 @@ class LazyGroup(click.Group):
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    """Print ``error: message`` on one line (control characters escaped) and exit ``code``."""
-    click.echo(f"error: {escape_controls(message)}", err=True)
+    """Print ``error: message`` (control characters escaped) and exit ``code``.
+
+    A message of several lines (a driver's connection error) keeps its lines, indented under
+    the first so they read as part of it.
+    """
+    shown = escape_controls(message, keep_lines=True).replace("\n", "\n  ")
+    click.echo(f"error: {shown}", err=True)
     sys.exit(code)
 
 

@@ -21,6 +21,7 @@ def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> s
         from jobguard.observability.metrics import MetricsHooks, serve
 
         metrics = MetricsHooks()
+        metrics.declare(app.tasks.values())  # every task's series at 0 before its first job
         bound_host, bound_port = serve(metrics.registry, metrics_port, host)
         url = f"http://{bound_host}:{bound_port}/metrics"
         added.append(metrics)

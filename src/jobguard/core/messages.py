@@ -6,6 +6,8 @@ SQL file or a Lua script never holds a sentence and every backend says the same 
 
 from __future__ import annotations
 
+import re
+
 from jobguard.exceptions import LeaseLostError, StaleFenceError
 from jobguard.models import BusyReason, DeadCode
 
@@ -16,6 +18,23 @@ def never_reported_back(attempts: int, max_attempts: int) -> str:
         f"attempts exhausted ({attempts}/{max_attempts}): the worker never reported back "
         "(crashed, killed or stalled past its lease)"
     )
+
+
+_STOOD_STILL = re.compile(r"the worker process stood still for (\d+(?:\.\d+)?) s")
+
+
+def stood_still(stalled_s: float) -> str:
+    """Added to a lost lease's refusal when the worker's heartbeat overslept (a stall)."""
+    return (
+        f"; the worker process stood still for {stalled_s:.2f} s (its heartbeat did not run: "
+        "the process was stopped, paused or swapped out), so its lease was not renewed"
+    )
+
+
+def stalled_s_of(message: str | None) -> float | None:
+    """How long the worker stood still, read back from a refusal :func:`stood_still` marked."""
+    found = _STOOD_STILL.search(message or "")
+    return float(found.group(1)) if found else None
 
 
 def dead_reason(code: str | None, text: str | None, attempts: int, max_attempts: int) -> str | None:

@@ -254,6 +254,26 @@ def tick_text(tick: int) -> str:
     return datetime.fromtimestamp(tick, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+TICK_KEY_PREFIX = "schedule:"
+
+
+def tick_key(name: str, tick: int) -> str:
+    """The dedup key (and default operation key) of one tick: ``schedule:NAME@TICK``."""
+    return f"{TICK_KEY_PREFIX}{name}@{tick_text(tick)}"
+
+
+def is_tick_key(key: str, name: str) -> bool:
+    """Whether ``key`` is the key :func:`tick_key` gives a tick of the schedule ``name``."""
+    prefix = f"{TICK_KEY_PREFIX}{name}@"
+    if not key.startswith(prefix):
+        return False
+    try:
+        parse_tick_text(key[len(prefix) :])
+    except ValueError:
+        return False
+    return True
+
+
 def parse_tick_text(text: str) -> int:
     """The tick of :func:`tick_text` output; ``ValueError`` for anything else."""
     try:

@@ -155,6 +155,19 @@ def _span_of(attempt: Attempt, now: float) -> tuple[float, float]:
     return attempt.started_at, max(end, attempt.started_at)
 
 
+def _lost_bar(x: float, y: float, w: float, h: float, colour: str, span_s: float) -> list[str]:
+    """Only the start of a lost delivery is known: a solid mark there, and an outline up to the
+    takeover, when its worker had long stopped reporting (it died or froze somewhere inside)."""
+    return [
+        f'<rect class="run" x="{x:.1f}" y="{y}" width="2.0" height="{h}" fill="{colour}">'
+        "<title>lost: started here</title></rect>",
+        f'<rect class="unknown" x="{x:.1f}" y="{y + 0.5}" width="{w:.1f}" height="{h - 1}" '
+        f'fill="none" stroke="{colour}" stroke-dasharray="4,3"><title>lost: its worker stopped '
+        "reporting (died or froze) somewhere in here; its lease ran out and the job was taken "
+        f"over {escape(seconds(span_s))} after the start</title></rect>",
+    ]
+
+
 def timeline(attempts: Sequence[Attempt], now: float) -> Markup:
     """One bar per attempt on a shared time axis, coloured by outcome, labelled by worker."""
     row_h, top, left = 26, 8, 230
@@ -174,8 +187,11 @@ def timeline(attempts: Sequence[Attempt], now: float) -> Markup:
         colour = COLOURS.get(attempt.outcome, "#555")
         label = f"#{attempt.attempt} {attempt.worker_id}"[:24]
         body.append(_text(4, y + 15, f"{label} {attempt.outcome.value}"))
+        if attempt.never_reported:
+            body.extend(_lost_bar(x, y + 3, w, row_h - 8, colour, e - s))
+            continue
         body.append(
-            f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" '
+            f'<rect class="run" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 8}" '
             f'fill="{colour}"><title>{escape(attempt.outcome.value)}, '
             f"{escape(seconds(e - s))}</title></rect>"
         )

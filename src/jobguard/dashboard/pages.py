@@ -52,8 +52,12 @@ def overview(app: App, query: Params) -> Page:
         )
     completed = sum(c.count for c in counts if c.outcome in charts.GOOD)
     failed = sum(c.count for c in counts if c.outcome in charts.BAD)
+    # An empty table is not an empty store: say what the store holds when no queue shows.
+    totals = app.counts() if not rows else {}
     return "overview.html", {
         "rows": rows,
+        "stored_jobs": sum(totals.values()),
+        "completed_jobs": totals.get(JobStatus.COMPLETED, 0),
         "chart": charts.throughput(counts, now - window, bucket_s, TIMELINE_BUCKETS),
         "window_s": window,
         "bucket_s": bucket_s,

@@ -5,19 +5,27 @@ A completed delivery ran ``steps_run`` steps and skipped ``steps_skipped`` alrea
 their sum is how many steps the handler went through. A task's *usual* count is the most common
 sum among its completed deliveries, once it has :data:`MIN_COMPLETIONS`; a completion that went
 through fewer steps returned early, and whatever it skipped did not happen.
+
+The most common count is not always the full run: while a dependency is down, a handler that
+swallows its error and returns can make most completions short. So the *fullest* count that at
+least :data:`MIN_COMPLETIONS` completions, and :data:`MIN_FULL_SHARE` of them, went through is
+the usual one when it is higher, and a completion below it is short when its operation recorded
+only steps that every one of those full runs recorded too (it stopped partway through their
+work, rather than taking another branch).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from jobguard.diagnostics.audit import Audit
 from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, ids
-from jobguard.models import Attempt, Outcome
+from jobguard.models import Attempt, Operation, Outcome
 
 MIN_COMPLETIONS = 3
+MIN_FULL_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +41,57 @@ class ShortCompletions:
     fewest_steps: int
 
 
+def _went_through(attempt: Attempt) -> int:
+    return attempt.steps_run + attempt.steps_skipped
+
+
+def _names(attempt: Attempt, operations: Mapping[str, Operation | None]) -> frozenset[str] | None:
+    record = operations.get(attempt.operation_key or "")
+    return None if record is None else frozenset(record.steps)
+
+
+def _usual(
+    completed: list[Attempt], operations: Mapping[str, Operation | None]
+) -> tuple[int, list[Attempt]]:
+    """The usual step count of one task's completions, and the completions short of it."""
+    counts = Counter(_went_through(a) for a in completed)
+    usual = max(counts, key=lambda n: (counts[n], n))
+    enough = max(MIN_COMPLETIONS, MIN_FULL_SHARE * len(completed))
+    fullest = max(n for n in counts if counts[n] >= enough or n == usual)
+    if fullest > usual:
+        full_names = [_names(a, operations) for a in completed if _went_through(a) == fullest]
+        if all(names is not None for names in full_names):
+            common = frozenset.intersection(*(n for n in full_names if n is not None))
+            short = [
+                a
+                for a in completed
+                if _went_through(a) < fullest
+                and (names := _names(a, operations)) is not None
+                and names < common
+            ]
+            if short:
+                return fullest, short
+    short = [a for a in completed if _went_through(a) < usual]
+    if len(short) * 2 >= len(completed):
+        return usual, []
+    return usual, short
+
+
 def short_completions(
-    attempts: Iterable[Attempt], *, min_completions: int = MIN_COMPLETIONS
+    attempts: Iterable[Attempt],
+    operations: Mapping[str, Operation | None] | None = None,
+    *,
+    min_completions: int = MIN_COMPLETIONS,
 ) -> list[ShortCompletions]:
-    """Per task, the completions with fewer steps than its most common count, by task name."""
+    """Per task, the completions with fewer steps than its usual count, by task name.
+
+    Args:
+        attempts: The attempt log.
+        operations: Operation records by key, whose step names tell a completion that stopped
+            partway from one that took another branch (without them only the most common count
+            is judged).
+        min_completions: A task with fewer completions is not judged.
+    """
     steps: dict[str, list[Attempt]] = defaultdict(list)
     for attempt in attempts:
         if attempt.outcome == Outcome.COMPLETED:
@@ -46,10 +101,8 @@ def short_completions(
         completed = steps[task]
         if len(completed) < min_completions:
             continue
-        counts = Counter(a.steps_run + a.steps_skipped for a in completed)
-        usual = max(counts, key=lambda n: (counts[n], n))
-        short = [a for a in completed if a.steps_run + a.steps_skipped < usual]
-        if not short or len(short) * 2 >= len(completed):
+        usual, short = _usual(completed, operations or {})
+        if not short:
             continue
         found.append(
             ShortCompletions(
@@ -59,7 +112,7 @@ def short_completions(
                 short=len(short),
                 job_ids=tuple(sorted({a.job_id for a in short})),
                 attempt_ids=tuple(sorted(a.id for a in short)),
-                fewest_steps=min(a.steps_run + a.steps_skipped for a in short),
+                fewest_steps=min(_went_through(a) for a in short),
             )
         )
     return found

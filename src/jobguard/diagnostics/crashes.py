@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, ids
-from jobguard.models import Attempt, Job, JobStatus, Outcome
+from jobguard.models import Attempt, Job, JobStatus
 
 MIN_CRASHES = 2
 
@@ -38,8 +38,9 @@ class CrashLoop:
     lost_attempt_ids: tuple[int, ...]
 
 
-def _crashed(attempt: Attempt) -> bool:
-    return attempt.outcome == Outcome.LOST and attempt.duration_s is None
+def crashed(attempt: Attempt) -> bool:
+    """Whether the delivery died with its worker: closed as lost at takeover, never reported."""
+    return attempt.never_reported
 
 
 def find_crash_loops(
@@ -52,7 +53,7 @@ def find_crash_loops(
         jobs: Jobs by id (to tell which culprits were buried).
         min_crashes: A job lost in fewer crashes than this is not a loop's culprit.
     """
-    lost = [a for a in attempts if _crashed(a)]
+    lost = [a for a in attempts if crashed(a)]
     in_crash: dict[str, set[int]] = defaultdict(set)
     crashes_of: dict[int, set[str]] = defaultdict(set)
     first_seen: dict[str, float] = {}

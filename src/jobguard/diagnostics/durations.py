@@ -12,7 +12,8 @@ short timeout for a long task on its own queue. It is a problem only with eviden
 failed: a delivery of the task refused for a stale lease (``lease_refused``, for the visibility
 timeout), or a refused delivery that held a resource lock (``fence_refused``, or
 ``lease_refused`` with a fence, for the lock TTL). Without such evidence the same finding is a
-hint.
+hint. A delivery refused because its whole worker process stood still (:mod:`.stalls`) is
+neither: it is left out, and reported as a stall.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from jobguard.diagnostics.findings import Finding, Kind, Severity
+from jobguard.diagnostics.stalls import stalled_s
 from jobguard.models import Attempt, Job, Outcome
 
 RAN_HANDLER = frozenset(
@@ -193,6 +195,8 @@ def task_durations(attempts: Iterable[Attempt], jobs: Mapping[int, Job]) -> list
     lease_refused: dict[str, int] = defaultdict(int)
     lock_lost: dict[str, int] = defaultdict(int)
     for attempt in attempts:
+        if stalled_s(attempt) is not None:
+            continue  # the process stood still, not the handler: reported as a stall
         lease_refused[attempt.task] += attempt.outcome == Outcome.LEASE_REFUSED
         lock_lost[attempt.task] += attempt.outcome in REFUSED and attempt.fence is not None
         if attempt.outcome in RAN_HANDLER and attempt.duration_s is not None:

@@ -35,7 +35,10 @@ class Kind(StrEnum):
     POISON = "poison"
     RETRY_SPIKE = "retry_spike"
     CRASH_LOOP = "crash_loop"
+    WORKER_DEATHS = "worker_deaths"
+    STALL = "stall"
     SPLIT_OPERATION = "split_operation"
+    LATE_DUPLICATE = "late_duplicate"
     UNSTABLE_DEDUP_KEY = "unstable_dedup_key"
     STARVATION = "starvation"
     SHORT_COMPLETION = "short_completion"
@@ -51,7 +54,8 @@ class Keys:
     job_ids: tuple[int, ...] = ()
     """The jobs the finding is about (for a crash loop: the culprits)."""
     other_job_ids: tuple[int, ...] = ()
-    """Jobs affected by it but not its cause (for a crash loop: the collateral)."""
+    """Jobs affected by it but not its cause (for a crash loop: the collateral; for an outage:
+    the jobs still buried)."""
     operation_keys: tuple[str, ...] = ()
     resource_keys: tuple[str, ...] = ()
     dedup_keys: tuple[str, ...] = ()

@@ -13,13 +13,13 @@ candidate instead (:mod:`.poison`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, ids, seconds
 from jobguard.diagnostics.poison import failures_by_signature
 from jobguard.diagnostics.retries import RUNS
-from jobguard.models import Attempt, Outcome
+from jobguard.models import Attempt, Job, JobStatus, Outcome
 
 WINDOW_S = 60.0
 MIN_JOBS = 5
@@ -106,41 +106,75 @@ def find_outages(
     return found
 
 
-def outage_findings(outages: Iterable[Outage]) -> list[Finding]:
-    """One finding per outage: a problem when it buried jobs en masse, else a warning."""
+def _advice(outage: Outage, still_dead: list[int], pending: list[int]) -> tuple[Severity, str]:
+    ride_out = (
+        "let the task ride out the next one: declare the error transient, with max_attempts "
+        "and backoff_cap_s that outlast an outage"
+    )
+    if len(outage.dead_job_ids) < MASS_BURIAL:
+        return Severity.WARNING, (
+            "many jobs failing together is a dependency that was down, not a poison job; "
+            "they were retried, check that the dependency is back"
+        )
+    if still_dead:
+        return Severity.PROBLEM, (
+            "many jobs failing together is a dependency that was down, not a poison job; once "
+            f"it is back, replay the buried jobs (jobguard dlq replay ID), and {ride_out}"
+        )
+    if pending:
+        return Severity.WARNING, f"the replayed jobs have not finished yet; {ride_out}"
+    return Severity.HINT, ride_out
+
+
+def _state(outage: Outage, still_dead: list[int], pending: list[int]) -> str:
+    buried = len(outage.dead_job_ids)
+    if buried < MASS_BURIAL or still_dead:
+        left = f"; {len(still_dead)} jobs still buried" if 0 < len(still_dead) < buried else ""
+        return f"{buried} jobs buried: {ids(outage.dead_job_ids) or 'none'}{left}"
+    if pending:
+        return f"{buried} jobs buried and replayed, {len(pending)} not finished: {ids(pending)}"
+    return f"resolved: all {buried} buried jobs were replayed and completed"
+
+
+def outage_findings(outages: Iterable[Outage], jobs: Mapping[int, Job]) -> list[Finding]:
+    """One finding per outage: a problem while it has jobs buried en masse, a hint once every
+    buried job was replayed and completed, else a warning.
+
+    Args:
+        outages: From :func:`find_outages`.
+        jobs: Jobs by id, to tell whether the buried jobs are still in the dead letter queue.
+    """
     found = []
     for outage in outages:
-        mass_burial = len(outage.dead_job_ids) >= MASS_BURIAL
+        now = {job_id: jobs[job_id].status for job_id in outage.dead_job_ids if job_id in jobs}
+        still_dead = [job_id for job_id, state in now.items() if state == JobStatus.DEAD]
+        pending = [
+            job_id
+            for job_id, state in now.items()
+            if state in (JobStatus.QUEUED, JobStatus.RUNNING)
+        ]
+        severity, advice = _advice(outage, still_dead, pending)
         span_s = outage.last_at - outage.first_at
         summary = (
             f"task {outage.task}: outage, {len(outage.job_ids)} jobs failed with the same "
             f"{outage.error_type} at {outage.where or '?'} within {seconds(span_s)} "
-            f"({outage.retried} retried, {len(outage.dead_job_ids)} jobs buried: "
-            f"{ids(outage.dead_job_ids) or 'none'})"
-        )
-        advice = (
-            "many jobs failing together is a dependency that was down, not a poison job; once "
-            "it is back, replay the buried jobs (jobguard dlq replay ID), and let the task "
-            "ride out the next one: declare the error transient, with max_attempts and "
-            "backoff_cap_s that outlast an outage"
-            if mass_burial
-            else "many jobs failing together is a dependency that was down, not a poison job; "
-            "they were retried, check that the dependency is back"
+            f"({outage.retried} retried, {_state(outage, still_dead, pending)})"
         )
         found.append(
             Finding(
                 kind=Kind.OUTAGE,
-                severity=Severity.PROBLEM if mass_burial else Severity.WARNING,
+                severity=severity,
                 task=outage.task,
                 summary=summary,
                 advice=advice,
-                keys=Keys(job_ids=outage.job_ids, other_job_ids=()),
+                keys=Keys(job_ids=outage.job_ids, other_job_ids=tuple(still_dead)),
                 numbers={
                     "jobs": len(outage.job_ids),
                     "failures": outage.failures,
                     "retried": outage.retried,
                     "dead": outage.dead,
                     "dead_jobs": len(outage.dead_job_ids),
+                    "still_dead_jobs": len(still_dead),
                     "window_s": round(span_s, 3),
                     "first_at": outage.first_at,
                     "last_at": outage.last_at,

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from jobguard.diagnostics.findings import Finding, Keys, Kind, Severity, seconds
+from jobguard.diagnostics.stalls import stalled_s
 from jobguard.models import Attempt, Job, Outcome
 
 # Deliveries that ended before the handler could start: they cannot have overlapped anything.
@@ -37,6 +38,8 @@ class Run:
     started_at: float
     ended_at: float
     """The end used for the comparison (see the module docstring), store clock."""
+    stalled_s: float | None = None
+    """How long its worker process stood still, when that is why it lost its lease."""
 
     @property
     def ran_s(self) -> float:
@@ -83,6 +86,7 @@ def run_of(attempt: Attempt, now: float) -> Run | None:
         outcome=attempt.outcome,
         started_at=attempt.started_at,
         ended_at=end,
+        stalled_s=stalled_s(attempt),
     )
 
 
@@ -95,13 +99,20 @@ def likely_causes(first: Run, second: Run, job: Job | None) -> tuple[str, ...]:
     if job is None:
         return ("unknown: the job row is gone, so its timeouts cannot be compared",)
     causes: list[str] = []
-    if first.ran_s > job.visibility_timeout_s:
+    if first.stalled_s is not None:
+        causes.append(
+            f"a stall: the first delivery's worker process stood still for "
+            f"{first.stalled_s:.2f} s (stopped, paused or swapped out), so its heartbeat could "
+            "not renew the lease, which expired; the job was delivered again and the first "
+            "delivery ran on when the process resumed (a longer lease only helps shorter stalls)"
+        )
+    if first.stalled_s is None and first.ran_s > job.visibility_timeout_s:
         causes.append(
             f"lease shorter than the job: the first delivery ran {first.ran_s:.2f} s with "
             f"visibility_timeout_s={job.visibility_timeout_s:g}; its lease expired while it "
             "ran (heartbeat off, or renewals missed) and the job was delivered again"
         )
-    lease_expired = bool(causes)
+    lease_expired = bool(causes)  # by a stall or a lease shorter than the run
     if job.resource_key is not None and job.lock_ttl_s is not None and first.ran_s > job.lock_ttl_s:
         causes.append(
             f"lock TTL shorter than the job: lock_ttl_s={job.lock_ttl_s:g} on "

@@ -11,6 +11,7 @@ from jobguard.diagnostics.completions import (
     short_completions,
 )
 from jobguard.diagnostics.crashes import CrashLoop, crash_findings, find_crash_loops
+from jobguard.diagnostics.deaths import WorkerDeaths, death_findings, worker_deaths
 from jobguard.diagnostics.dedup import (
     SplitOperation,
     UnstableKey,
@@ -33,6 +34,7 @@ from jobguard.diagnostics.resources import (
 )
 from jobguard.diagnostics.retries import TaskRetries, retry_rates, spike_findings
 from jobguard.diagnostics.snapshot import Snapshot
+from jobguard.diagnostics.stalls import Stall, find_stalls, stall_findings
 
 SEVERITY_ORDER = {Severity.PROBLEM: 0, Severity.WARNING: 1, Severity.HINT: 2}
 
@@ -57,6 +59,9 @@ class Diagnosis:
         errors: G10.4, the errors that repeat most, with poison candidates.
         outages: Many jobs of a task failing the same way within a short window.
         crash_loops: Worker crashes with the same job present at each.
+        worker_deaths: The worker processes that died, what they took down and what recovered
+            (``None``: none died).
+        stalls: Workers whose whole process stood still past the leases it held.
         split_operations: Operation keys carried by several jobs.
         unstable_dedup_keys: Dedup keys that differ only in a timestamp or a fresh id.
         short_completions: Completions that went through fewer steps than the task usually does.
@@ -76,6 +81,8 @@ class Diagnosis:
     errors: tuple[ErrorGroup, ...]
     outages: tuple[Outage, ...]
     crash_loops: tuple[CrashLoop, ...]
+    worker_deaths: WorkerDeaths | None
+    stalls: tuple[Stall, ...]
     split_operations: tuple[SplitOperation, ...]
     unstable_dedup_keys: tuple[UnstableKey, ...]
     short_completions: tuple[ShortCompletions, ...]
@@ -111,17 +118,21 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
     durations = task_durations(attempts, jobs)
     retries = retry_rates(attempts)
     crash_loops = find_crash_loops(attempts, jobs)
+    deaths = worker_deaths(attempts, jobs)
+    stalls = find_stalls(attempts)
     splits = split_operations(in_scope)
     unstable = unstable_keys(in_scope)
-    shorts = short_completions(attempts)
+    shorts = short_completions(attempts, snapshot.operations)
     checked = audit(in_scope, jobs.values(), snapshot.operations, snapshot.now)
     crashed_operations = {key for loop in crash_loops for key in loop.operation_keys}
     findings = [
         *overlap_findings(overlaps),
         *resource_findings(resources, resource_overlaps, refused, jobs),
         *timeout_findings(durations),
-        *outage_findings(outages),
+        *outage_findings(outages, jobs),
         *crash_findings(crash_loops),
+        *death_findings(deaths),
+        *stall_findings(stalls),
         *dedup_findings(splits, unstable),
         *spike_findings(retries),
         *poison_findings(errors),
@@ -142,6 +153,8 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
         errors=tuple(errors),
         outages=tuple(outages),
         crash_loops=tuple(crash_loops),
+        worker_deaths=deaths,
+        stalls=tuple(stalls),
         split_operations=tuple(splits),
         unstable_dedup_keys=tuple(unstable),
         short_completions=tuple(shorts),

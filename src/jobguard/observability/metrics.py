@@ -15,12 +15,17 @@ queue], ``jobguard_retries_total``, ``jobguard_lock_busy_deferrals_total`` [task
 Store metrics (:class:`StoreCollector`, per queue): ``jobguard_queue_depth`` (ready),
 ``jobguard_queue_scheduled``, ``jobguard_jobs_in_flight``, ``jobguard_queue_oldest_age_seconds``,
 ``jobguard_dlq_size``, and ``jobguard_store_up`` (0 when the read failed).
+
+Known label sets start at zero, so dashboards and absence alerts work before the first event:
+every task and queue a worker declares (:meth:`MetricsHooks.declare`), every outcome, guard,
+renewal failure and store call; and every queue the exporter knows (its app's tasks' queues,
+and each queue it has seen hold a job).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -33,6 +38,7 @@ from jobguard.models import Delivery, Job, Outcome, QueueStats
 
 if TYPE_CHECKING:
     from jobguard.app import App
+    from jobguard.task import Task
 
 MAX_LABEL_VALUES = 200
 OTHER = "other"
@@ -44,6 +50,17 @@ RAN_HANDLER = frozenset(
     {Outcome.COMPLETED, Outcome.RETRY, Outcome.DEAD, Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED}
 )
 _RENEWAL_FAILURES = ("lease_lost", "lock_lost", "store_error")
+STORE_ERROR_PLACES = (
+    "fetch",
+    "wait",
+    "pipeline",
+    "settle",
+    "release",
+    "prune",
+    "heartbeat",
+    "schedule",
+)
+"""The store calls a worker or scheduler counts failures of (``where``), served from 0."""
 # The counters and the histogram one kind of delivery (task, queue, outcome) feeds.
 _Children = tuple[tuple[Counter, ...], Histogram | None]
 
@@ -140,6 +157,22 @@ class MetricsHooks(Hooks):
         )
         for reason in _RENEWAL_FAILURES:
             self.renewal_failures.labels(reason)  # present at 0 from the first scrape
+        for where in STORE_ERROR_PLACES:
+            self.store_errors.labels(where)
+
+    def declare(self, tasks: Iterable[Task]) -> None:
+        """Serve every series of these tasks (on their queues) at 0 before their first event.
+
+        ``jobguard worker --metrics-port`` declares the app's tasks; call it with
+        ``app.tasks.values()`` when you serve the registry yourself.
+        """
+        for task in tasks:
+            for outcome in Outcome:
+                if outcome is not Outcome.RUNNING:
+                    self._children_of(task.name, task.queue, outcome)
+            labels = self._labels(task.name, task.queue)
+            self.enqueued.labels(*labels)
+            self.dedup_hits.labels(*labels)
 
     def _labels(self, task: str, queue: str) -> tuple[str, str]:
         return self._task(task), self._queue(queue)
@@ -199,11 +232,14 @@ class StoreCollector(Collector):
     """Reads the store at scrape time: per queue depth, in flight, oldest age and DLQ size.
 
     One scrape costs the three aggregate reads of :meth:`App.queue_stats`; a failed read is
-    reported as ``jobguard_store_up 0`` instead of failing the scrape.
+    reported as ``jobguard_store_up 0`` instead of failing the scrape. Every queue of the app's
+    tasks, and every queue an earlier scrape saw hold a job, is served at 0 when it has none.
     """
 
     def __init__(self, app: App) -> None:
         self.app = app
+        # Queues to serve even when empty, in the order first known (at most MAX_LABEL_VALUES).
+        self._known: dict[str, None] = {}
 
     def collect(self) -> Iterator[Metric]:
         """Yield the gauges (called by the registry on every scrape)."""
@@ -238,7 +274,12 @@ class StoreCollector(Collector):
                 "jobguard_dlq_size", "Jobs in the dead letter queue.", labels=["queue"]
             ),
         }
-        for queue in capped_queues(stats):
+        for name in [*self.app.queues(), *(queue.queue for queue in stats)]:
+            if len(self._known) < MAX_LABEL_VALUES:
+                self._known.setdefault(name)
+        present = {queue.queue for queue in stats}
+        drained = [QueueStats(name) for name in self._known if name not in present]
+        for queue in capped_queues([*stats, *drained]):
             label = [queue.queue]
             gauges["depth"].add_metric(label, queue.ready)
             gauges["scheduled"].add_metric(label, queue.scheduled)

@@ -46,7 +46,12 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: close_lost_attempts
-UPDATE {schema}.attempts SET outcome = 'lost', ended_at = %(now)s
+-- A lost delivery never reported its counts: the steps it ran are those of its operation
+-- recorded since it started (a later delivery has not run yet: this closes it at the takeover).
+UPDATE {schema}.attempts SET outcome = 'lost', ended_at = %(now)s,
+    steps_run = (SELECT count(*) FROM {schema}.steps
+                 WHERE steps.operation_key = attempts.operation_key
+                   AND steps.created_at >= attempts.started_at)
 WHERE lease_token = ANY(%(tokens)s::text[]) AND outcome = 'running';
 
 -- name: bury_lost
@@ -59,11 +64,13 @@ SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = %(no
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running';
 
 -- name: lease_jobs
--- %(lease_s)s is the fetching worker's lease for these jobs' task (NULL: the stored one).
+-- %(lease_s)s and %(max_attempts)s are the fetching worker's lease and attempt limit for these
+-- jobs' task (NULL: the stored ones); the limit it enforces is the one the row then shows.
 UPDATE {schema}.jobs
 SET status = 'running', attempts = attempts + 1, worker_id = %(worker_id)s,
     lease_token = replace(gen_random_uuid()::text, '-', ''),
-    available_at = %(now)s + coalesce(%(lease_s)s::float8, visibility_timeout_s)
+    available_at = %(now)s + coalesce(%(lease_s)s::float8, visibility_timeout_s),
+    max_attempts = coalesce(%(max_attempts)s::integer, max_attempts)
 WHERE id = ANY(%(ids)s::bigint[])
 RETURNING *, coalesce(%(lease_s)s::float8, visibility_timeout_s) AS lease_s;
 
@@ -392,3 +399,12 @@ WHERE job_id IN (SELECT id FROM {schema}.jobs
 
 -- name: purge_dead_jobs
 DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead';
+
+-- name: host_job
+-- The newest shadow job of a host queue's operation, whatever its state (jobguard.hosts).
+-- Callers hold the key's dedup lock, so admissions of one operation take turns.
+SELECT * FROM {schema}.jobs WHERE dedup_key = %(dedup_key)s ORDER BY id DESC LIMIT 1 FOR UPDATE;
+
+
+-- name: attempt_host_delivery
+UPDATE {schema}.attempts SET host_delivery = %(host)s WHERE id = %(id)s;

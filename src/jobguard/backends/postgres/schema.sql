@@ -66,7 +66,9 @@ CREATE TABLE attempts (
     error_message   text,
     traceback       text,
     steps_run       integer NOT NULL DEFAULT 0,
-    steps_skipped   integer NOT NULL DEFAULT 0
+    steps_skipped   integer NOT NULL DEFAULT 0,
+    -- The host queue's own id of the delivery (a guarded Celery, RQ or Dramatiq task).
+    host_delivery   text
 );
 CREATE INDEX attempts_job ON attempts (job_id, id);
 CREATE INDEX attempts_operation ON attempts (operation_key, id) WHERE operation_key IS NOT NULL;

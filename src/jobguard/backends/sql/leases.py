@@ -1,4 +1,5 @@
-"""Jobs in and leases out on one SQL database: enqueue, fetch (with each batch's begin), renew.
+"""Jobs in and leases out on one SQL database: enqueue, fetch (with each batch's begin), renew,
+and the admission of a host queue's delivery (a lease on its shadow job, jobguard.hosts).
 
 A fetch is one transaction: ready jobs picked, expired leases closed as lost (or buried when
 their attempts are spent), new leases and attempt rows written, and each delivery's lock and
@@ -14,6 +15,7 @@ from jobguard.backends.base import (
     BeginRequest,
     Begun,
     DeliveryRules,
+    HostAdmission,
     Prepared,
     Renewal,
     RenewalResult,
@@ -22,6 +24,8 @@ from jobguard.backends.base import (
 from jobguard.backends.sql import rows
 from jobguard.backends.sql.driver import Driver, Row, Tx
 from jobguard.backends.sql.proofs import Proofs
+from jobguard.core.hosts import Admit, Found, admission
+from jobguard.exceptions import ConfigurationError
 from jobguard.models import DeadCode, Delivery, Guard, Job, JobSpec, JobStatus
 
 
@@ -191,14 +195,22 @@ class Leases:
         worker_id: str,
         now: float,
     ) -> list[Delivery]:
-        """New leases for ``picked`` (one statement per lease length), each with an attempt row."""
-        by_lease: dict[float | None, list[int]] = {}
+        """New leases for ``picked`` (one statement per lease length and attempt limit), each
+        with an attempt row; the row keeps the attempt limit the worker enforces."""
+        by_rule: dict[tuple[float | None, int | None], list[int]] = {}
         for row in picked:
             rule = rules.get(row["task"])
-            by_lease.setdefault(rule.visibility_timeout_s if rule else None, []).append(row["id"])
+            key = (rule.visibility_timeout_s, rule.max_attempts) if rule else (None, None)
+            by_rule.setdefault(key, []).append(row["id"])
         leased: dict[int, Row] = {}
-        for lease_s, ids in by_lease.items():
-            params = {"ids": ids, "worker_id": worker_id, "lease_s": lease_s, "now": now}
+        for (lease_s, max_attempts), ids in by_rule.items():
+            params = {
+                "ids": ids,
+                "worker_id": worker_id,
+                "lease_s": lease_s,
+                "max_attempts": max_attempts,
+                "now": now,
+            }
             leased.update((row["id"], row) for row in tx.all("lease_jobs", params))
         order = [row["id"] for row in picked]
         attempt_ids = {
@@ -206,6 +218,39 @@ class Leases:
             for row in tx.all("insert_attempts", {"ids": order, "now": now})
         }
         return [rows.delivery(leased[job_id], attempt_ids[job_id]) for job_id in order]
+
+    def admit_host_delivery(
+        self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
+    ) -> HostAdmission:
+        """Admit a host queue's delivery against its shadow job; see :class:`QueuePort`."""
+        if spec.dedup_key is None:
+            raise ConfigurationError("a host delivery is admitted by its shadow job's key")
+        task_rules = {spec.task: rules}
+        key = {"dedup_key": spec.dedup_key}
+
+        def op(tx: Tx) -> HostAdmission:
+            now = tx.now()
+            tx.run("lock_dedup_key", key)  # admissions and sends of one operation take turns
+            row = tx.one("host_job", key)
+            found = None if row is None else Found(JobStatus(row["status"]), row["available_at"])
+            decided = admission(found, now)
+            if decided.admit in (Admit.HELD, Admit.EARLY, Admit.DEAD):
+                assert row is not None
+                return HostAdmission(decided.admit, row["id"], wait_s=decided.wait_s)
+            if decided.admit == Admit.INSERT:
+                insert_job(tx, spec, now)  # nothing live holds the key: a new job
+                row = tx.one("host_job", key)
+            assert row is not None
+            if self._close_expired(tx, [row], task_rules, now):
+                return HostAdmission(Admit.DEAD, row["id"])  # its attempts were spent
+            delivery = self._lease(tx, [row], task_rules, worker_id, now)[0]
+            tx.run("attempt_host_delivery", {"id": delivery.attempt_id, "host": host_delivery})
+            # Begun in the lease's transaction, as a fetch begins what it leases.
+            request = begin_request(delivery, rules, worker_id)
+            (prepared,) = self._begin_fetched(tx, [delivery], [request], now)
+            return HostAdmission(decided.admit, row["id"], prepared)
+
+        return self.driver.write(op)
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
         """Extend every lease and lock still ours, in one transaction."""

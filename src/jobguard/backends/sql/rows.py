@@ -126,6 +126,7 @@ def attempt(row: Row) -> Attempt:
         traceback=row["traceback"],
         steps_run=row["steps_run"],
         steps_skipped=row["steps_skipped"],
+        host_delivery=row["host_delivery"],
     )
 
 

@@ -26,6 +26,7 @@ from jobguard.backends.base import (
     Begun,
     DeliveryRules,
     Ending,
+    HostAdmission,
     Prepared,
     Renewal,
     RenewalResult,
@@ -116,6 +117,12 @@ class SQLStore:
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
         """Extend every lease and lock still ours, in one transaction."""
         return self._leases.renew(renewals)
+
+    def admit_host_delivery(
+        self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
+    ) -> HostAdmission:
+        """Admit a host queue's delivery against its shadow job (lease it, or say why not)."""
+        return self._leases.admit_host_delivery(spec, worker_id, rules, host_delivery)
 
     def settle(self, endings: Sequence[Ending]) -> list[JobGuardError | None]:
         """Write a batch of endings in one transaction, each all-or-nothing on its own."""

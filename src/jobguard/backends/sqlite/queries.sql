@@ -44,7 +44,12 @@ ORDER BY priority DESC, available_at, id
 LIMIT :limit;
 
 -- name: close_lost_attempts
-UPDATE attempts SET outcome = 'lost', ended_at = :now
+-- A lost delivery never reported its counts: the steps it ran are those of its operation
+-- recorded since it started (a later delivery has not run yet: this closes it at the takeover).
+UPDATE attempts SET outcome = 'lost', ended_at = :now,
+    steps_run = (SELECT count(*) FROM steps
+                 WHERE steps.operation_key = attempts.operation_key
+                   AND steps.created_at >= attempts.started_at)
 WHERE lease_token IN (SELECT value FROM json_each(:tokens)) AND outcome = 'running';
 
 -- name: bury_lost
@@ -57,11 +62,13 @@ SET status = 'dead', available_at = NULL, lease_token = NULL, finished_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'running';
 
 -- name: lease_jobs
--- :lease_s is the fetching worker's lease for these jobs' task (NULL: the stored one).
+-- :lease_s and :max_attempts are the fetching worker's lease and attempt limit for these jobs'
+-- task (NULL: the stored ones); the limit it enforces is the one the row then shows.
 UPDATE jobs
 SET status = 'running', attempts = attempts + 1, worker_id = :worker_id,
     lease_token = lower(hex(randomblob(16))),
-    available_at = :now + coalesce(:lease_s, visibility_timeout_s)
+    available_at = :now + coalesce(:lease_s, visibility_timeout_s),
+    max_attempts = coalesce(:max_attempts, max_attempts)
 WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING *, coalesce(:lease_s, visibility_timeout_s) AS lease_s;
 
@@ -405,3 +412,11 @@ DELETE FROM attempts WHERE job_id IN (SELECT value FROM json_each(:ids))
 
 -- name: purge_dead_jobs
 DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'dead';
+
+-- name: host_job
+-- The newest shadow job of a host queue's operation, whatever its state (jobguard.hosts).
+SELECT * FROM jobs WHERE dedup_key = :dedup_key ORDER BY id DESC LIMIT 1;
+
+
+-- name: attempt_host_delivery
+UPDATE attempts SET host_delivery = :host WHERE id = :id;

@@ -65,7 +65,9 @@ CREATE TABLE IF NOT EXISTS attempts (
     error_message   TEXT,
     traceback       TEXT,
     steps_run       INTEGER NOT NULL DEFAULT 0,
-    steps_skipped   INTEGER NOT NULL DEFAULT 0
+    steps_skipped   INTEGER NOT NULL DEFAULT 0,
+    -- The host queue's own id of the delivery (a guarded Celery, RQ or Dramatiq task).
+    host_delivery   TEXT
 );
 CREATE INDEX IF NOT EXISTS attempts_job ON attempts (job_id, id);
 CREATE INDEX IF NOT EXISTS attempts_operation ON attempts (operation_key, id)

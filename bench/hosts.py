@@ -1,0 +1,91 @@
+"""Each host queue's drain rate with and without jobguard's guard (``python -m bench.hosts``).
+
+For Celery, RQ and Dramatiq on Redis: ``--jobs`` messages are queued, then 2 worker processes at
+the host's default concurrency drain them; every handler inserts one row into PostgreSQL (plain:
+its own autocommit insert; guarded: ``ctx.db_step`` on a PostgreSQL store in the same database).
+Prints each drain rate and guarded/plain. Each run gets a database of its own (dropped after)
+and flushes the Redis database ``JOBGUARD_BENCH_REDIS`` (default 13) before it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import redis
+
+from bench.measure import EFFECT_ROWS, read_effects
+from bench.pgdb import scratch_database
+from bench.procs import bench_env, start, stop, wait_for
+from jobguard.backends import migrate_store
+
+REDIS_URL = os.environ.get("JOBGUARD_BENCH_REDIS", "redis://127.0.0.1:6379/13")
+HOSTS = ("celery", "rq", "dramatiq")
+WORKERS = 2
+
+
+def worker_command(host: str) -> list[str]:
+    """One worker process of ``host`` at its default concurrency, on the bench's tasks."""
+    if host == "celery":
+        app = "bench.host_tasks:celery_app"
+        return [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", "bench",
+                "--without-gossip", "--without-mingle", "--loglevel=WARNING"]  # fmt: skip
+    if host == "rq":
+        rq = str(Path(sys.executable).with_name("rq"))
+        return [rq, "worker", "-u", REDIS_URL, "--with-scheduler", "bench"]
+    return [sys.executable, "-m", "dramatiq", "bench.host_tasks", "--processes", "1",
+            "--queues", "bench"]  # fmt: skip
+
+
+def drain(host: str, mode: str, jobs: int, log: Path) -> float:
+    """Queue ``jobs`` messages, drain them with 2 workers; jobs per second, first handler start
+    to last row written."""
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    with scratch_database() as url:
+        migrate_store(f"{url}?schema=jobguard_bench")
+        env = bench_env(JOBGUARD_BENCH_URL=url, JOBGUARD_BENCH_REDIS=REDIS_URL)
+        os.environ.update(JOBGUARD_BENCH_URL=url, JOBGUARD_BENCH_REDIS=REDIS_URL)
+        # The producer's side of the tasks module, made from this run's database.
+        tasks = importlib.reload(importlib.import_module("bench.host_tasks"))
+        for n in range(jobs):
+            tasks.send(host, mode, n)
+        procs = start(worker_command(host), WORKERS, env, log)
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+
+                def drained() -> bool:
+                    row = conn.execute("SELECT count(*) FROM bench_effects").fetchone()
+                    return row is not None and row[0] >= jobs
+
+                wait_for(drained, 60 + jobs * 0.5, f"{host} {mode} drain")
+                effects = read_effects(conn.execute(EFFECT_ROWS).fetchall())
+        finally:
+            stop(procs)
+            tasks.store.close()
+    client.flushdb()
+    return jobs / effects.span_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=200, help="messages per drain")
+    parser.add_argument("--hosts", default=",".join(HOSTS), help="comma-separated")
+    args = parser.parse_args()
+    log = Path("bench-hosts.log").resolve()
+    print(f"{WORKERS} worker processes per host, {args.jobs} messages, one PostgreSQL row each")
+    print(f"{'host':<10}{'plain jobs/s':>14}{'guarded jobs/s':>16}{'guarded/plain':>15}")
+    for host in args.hosts.split(","):
+        plain = drain(host, "plain", args.jobs, log)
+        time.sleep(1)
+        guarded = drain(host, "guarded", args.jobs, log)
+        print(f"{host:<10}{plain:>14.0f}{guarded:>16.0f}{guarded / plain:>15.2f}")
+
+
+if __name__ == "__main__":
+    main()

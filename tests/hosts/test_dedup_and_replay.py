@@ -1,0 +1,114 @@
+"""Producer-side dedup of a guarded host task (racing producers send one message), and a job
+buried in jobguard's dead letter queue sent back through the host by ``jobguard dlq replay``."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from jobguard.models import JobStatus, Outcome
+from tests.hosts import workload
+from tests.hosts.hosts import HOSTS
+from tests.hosts.run import start_worker, stop_workers
+from tests.support import stores
+from tests.support.procs import REPO_ROOT, entry_point
+
+pytestmark = pytest.mark.chaos
+
+MODULES = {
+    "celery": "tests.hosts.celery_orders",
+    "rq": "tests.hosts.rq_orders",
+    "dramatiq": "tests.hosts.dramatiq_orders",
+}
+PRODUCERS = 8
+
+
+def use_env(store_url: str, broker_url: str, tmp: Path, mp: pytest.MonkeyPatch) -> dict[str, str]:
+    env = workload.worker_env(store_url, tmp / "events.log", broker_url, slow_every=1000)
+    for name in ("HOSTQ_STORE", "HOSTQ_LOG", "HOSTQ_BROKER", "HOSTQ_SLOW_EVERY"):
+        mp.setenv(name, env[name])
+    return env
+
+
+@pytest.mark.parametrize("host_name", sorted(HOSTS))
+def test_racing_producers_of_one_operation_send_one_message(
+    host_name: str, store_url: str, broker_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_env(store_url, broker_url, tmp_path, monkeypatch)
+    host = HOSTS[host_name](broker_url, True)
+    start = threading.Barrier(PRODUCERS)
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        start.wait()
+        try:
+            host.send_fragile(11)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce) for _ in range(PRODUCERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert host.queued() == 1
+    host.send_fragile(12)  # another operation is not held back
+    assert host.queued() == 2
+
+
+def dlq_replay(store_url: str, env: dict[str, str], module: str, job_id: int) -> None:
+    done = subprocess.run(
+        [*entry_point(), "--app", f"{module}:store", "dlq", "replay", str(job_id)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("host_name", sorted(HOSTS))
+def test_a_buried_task_replayed_from_the_dlq_goes_back_through_the_host_and_completes(
+    host_name: str, broker_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store_url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    env = use_env(store_url, broker_url, tmp_path, monkeypatch)
+    workload.create_tables(store_url)
+    host = HOSTS[host_name](broker_url, True)
+    worker = start_worker(host, env, tmp_path / "worker.out")
+    try:
+        host.send_fragile(21)
+        wait = time.monotonic() + 60
+        dead: list[tuple[int, str]] = []
+        while not dead and time.monotonic() < wait:
+            time.sleep(0.2)
+            dead = stores.query(
+                store_url, "SELECT id, status FROM jobs WHERE task = ? AND status = 'dead'",
+                (workload.FRAGILE,),
+            )  # fmt: skip
+        assert dead, "the fatal task was not buried"
+        job_id = dead[0][0]
+        workload.warehouse_fixed().touch()
+        dlq_replay(store_url, env, MODULES[host_name], job_id)
+        backend = stores.open_backend(store_url)
+        try:
+            while backend.get_job(job_id).status != JobStatus.COMPLETED:
+                assert time.monotonic() < wait + 60, "the replayed task did not complete"
+                time.sleep(0.2)
+            attempts = backend.attempts(job_id=job_id)
+        finally:
+            backend.close()
+    finally:
+        stop_workers([worker])
+    assert [a.outcome for a in attempts] == [Outcome.DEAD, Outcome.COMPLETED]
+    assert (attempts[-1].steps_skipped, attempts[-1].steps_run) == (1, 1)  # stock cut once
+    assert workload.effect_counts(store_url, workload.CUTS)[21] == 1
+    assert redis.Redis.from_url(broker_url).ping()
