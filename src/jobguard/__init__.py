@@ -3,8 +3,10 @@
 Start with :class:`App`; see the README and ``docs/`` for the concepts.
 """
 
-from jobguard.app import App, DeadLetterQueue
+from jobguard.app import App
 from jobguard.context import Context
+from jobguard.core.selection import DeadFilter, ReplayReport
+from jobguard.deadletters import DeadLetterQueue
 from jobguard.exceptions import (
     ConfigurationError,
     DuplicateJobError,
@@ -49,6 +51,7 @@ __all__ = [
     "AttemptEvent",
     "ConfigurationError",
     "Context",
+    "DeadFilter",
     "DeadJob",
     "DeadLetterQueue",
     "DuplicateJobError",
@@ -69,6 +72,7 @@ __all__ = [
     "OperationStatus",
     "Outcome",
     "PayloadError",
+    "ReplayReport",
     "Retry",
     "Schedule",
     "Scheduler",

@@ -24,18 +24,18 @@ from jobguard.backends.base import Backend
 from jobguard.core import checks
 from jobguard.core.retry import RetryPolicy
 from jobguard.core.schedules import Cron, Every, Missed, Trigger, interval_seconds
+from jobguard.core.selection import DeadFilter, ReplayReport
+from jobguard.deadletters import DeadLetterQueue
 from jobguard.exceptions import (
     ConfigurationError,
     JobGuardError,
     LockBusyError,
-    NotFoundError,
     UnknownTaskError,
 )
 from jobguard.hooks import Hooks, contained
 from jobguard.models import (
     Attempt,
     AuditEntry,
-    DeadJob,
     Job,
     JobSpec,
     JobStatus,
@@ -79,59 +79,6 @@ def _trigger(cron: str | None, every: float | timedelta | None, timezone: str) -
         return Every(interval_seconds(every))
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
-
-
-class DeadLetterQueue:
-    """Jobs that will not be retried: fatal errors, spent attempts, poison (G8)."""
-
-    def __init__(self, app: App) -> None:
-        self._app = app
-
-    def list(self, limit: int = 100) -> list[Job]:
-        """Dead jobs, most recently buried first."""
-        limit = checks.count("limit", limit)
-        return self._app.backend.dead_jobs(limit)
-
-    def show(self, job_id: int) -> DeadJob:
-        """One dead job with its reason and every attempt's metadata."""
-        job = self._app.get_job(job_id)
-        if job.status != JobStatus.DEAD:
-            raise NotFoundError(f"job {job_id} is {job.status}, not in the dead letter queue")
-        return DeadJob(
-            job=job,
-            reason=job.dead_reason or "",
-            attempts=self._app.backend.attempts(job_id=job_id),
-        )
-
-    def replay(self, job_id: int, *, actor: str | None = None) -> Job:
-        """Queue a dead job again with the same id, arguments and keys (G8.3).
-
-        Its operation key is kept, so work that completed is not redone (G8.3). With
-        ``actor``, the replay is written to the audit trail under that name.
-        """
-        job_id = checks.job_id(job_id)
-        actor = checks.optional_text("actor", actor)
-        job = self._app.backend.replay(job_id)
-        resend = self._app.host_replays.get(job.task)
-        if resend is not None:
-            # A guarded task of another queue: its host delivers it, so send it there again.
-            resend(job)
-        if actor is not None:
-            self._app.backend.record_audit(actor, "replay", f"job {job_id}", job.task)
-        return job
-
-    def purge(self, job_id: int | None = None, *, actor: str | None = None) -> int:
-        """Delete one dead job, or all of them, with their attempt rows; return how many.
-
-        With ``actor``, the purge is written to the audit trail under that name.
-        """
-        job_id = None if job_id is None else checks.job_id(job_id)
-        actor = checks.optional_text("actor", actor)
-        purged = self._app.backend.purge(job_id)
-        if actor is not None:
-            target = "all dead jobs" if job_id is None else f"job {job_id}"
-            self._app.backend.record_audit(actor, "purge", target, f"{purged} purged")
-        return purged
 
 
 class App:
@@ -526,6 +473,20 @@ class App:
         if since_s <= 0 or bucket_s <= 0 or window < 1:
             raise ConfigurationError("since_s and bucket_s must be > 0 and window >= 1")
         return self.backend.outcome_timeline(self.backend.now() - since_s, bucket_s, window)
+
+    def replay_dead(
+        self, selection: DeadFilter, *, actor: str = "api", batch_size: int = 500
+    ) -> ReplayReport:
+        """Replay every dead job ``selection`` matches, each once; see
+        :meth:`DeadLetterQueue.replay_many` (audited as ``replay-dead``)."""
+        return self.dlq.replay_many(selection, actor=actor, batch_size=batch_size)
+
+    def purge_dead(
+        self, selection: DeadFilter, *, actor: str = "api", batch_size: int = 500
+    ) -> int:
+        """Delete every dead job ``selection`` matches with its attempts; see
+        :meth:`DeadLetterQueue.purge_many` (audited as ``purge-dead``)."""
+        return self.dlq.purge_many(selection, actor=actor, batch_size=batch_size)
 
     def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent operator actions (replays and purges with an actor), newest first."""

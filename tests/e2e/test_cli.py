@@ -467,8 +467,8 @@ def test_dlq_purge_asks_first_and_deletes_the_job_with_its_attempts(shop: Shop) 
         (["show", "1"], 1, "is queued, not in the dead letter queue"),
         (["replay", "99"], 1, "no job with id 99"),
         (["purge", "1", "--yes"], 1, "is queued, not in the dead letter queue"),
-        (["purge", "--yes"], 2, "exactly one of a job ID or --all"),
-        (["purge", "1", "--all", "--yes"], 2, "exactly one of a job ID or --all"),
+        (["purge", "--yes"], 2, "give a job ID, a filter"),
+        (["purge", "1", "--all", "--yes"], 2, "a job ID or filters, not both"),
         (["show", "one"], 2, "'one' is not a valid integer"),
     ],
     ids=[

@@ -62,9 +62,9 @@ def test_racing_producers_of_one_operation_send_one_message(
     assert host.queued() == 2
 
 
-def dlq_replay(store_url: str, env: dict[str, str], module: str, job_id: int) -> None:
+def dlq_replay(store_url: str, env: dict[str, str], module: str, selection: list[str]) -> None:
     done = subprocess.run(
-        [*entry_point(), "--app", f"{module}:store", "dlq", "replay", str(job_id)],
+        [*entry_point(), "--app", f"{module}:store", "dlq", "replay", *selection],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -75,10 +75,12 @@ def dlq_replay(store_url: str, env: dict[str, str], module: str, job_id: int) ->
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("how", ["one", "bulk"])
 @pytest.mark.parametrize("host_name", sorted(HOSTS))
 def test_a_buried_task_replayed_from_the_dlq_goes_back_through_the_host_and_completes(
-    host_name: str, broker_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    host_name: str, how: str, broker_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """By its id, or in bulk by task (#17): the replayed job is sent to its host again."""
     store_url = f"sqlite:///{tmp_path / 'jobs.db'}"
     env = use_env(store_url, broker_url, tmp_path, monkeypatch)
     workload.create_tables(store_url)
@@ -97,7 +99,8 @@ def test_a_buried_task_replayed_from_the_dlq_goes_back_through_the_host_and_comp
         assert dead, "the fatal task was not buried"
         job_id = dead[0][0]
         workload.warehouse_fixed().touch()
-        dlq_replay(store_url, env, MODULES[host_name], job_id)
+        selection = [str(job_id)] if how == "one" else ["--task", workload.FRAGILE, "--yes"]
+        dlq_replay(store_url, env, MODULES[host_name], selection)
         backend = stores.open_backend(store_url)
         try:
             while backend.get_job(job_id).status != JobStatus.COMPLETED:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from jobguard.core.hosts import Admit
+from jobguard.core.selection import DeadFilter, ReplayBatch
 from jobguard.exceptions import JobGuardError
 from jobguard.models import (
     Attempt,
@@ -314,6 +315,27 @@ class QueuePort(Protocol):
 
     def purge(self, job_id: int | None = None) -> int:
         """Delete one dead job (or all of them) with their attempt rows; return how many."""
+
+    def count_dead(self, selection: DeadFilter) -> int:
+        """How many dead jobs ``selection`` matches."""
+
+    def select_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> list[Job]:
+        """The first ``limit`` dead jobs ``selection`` matches with ids above ``after_id``, in id
+        order."""
+
+    def replay_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> ReplayBatch:
+        """Replay up to ``limit`` matching dead jobs with ids above ``after_id``, in id order.
+
+        One transaction. A job is moved only if it is still dead when its row is written, so two
+        operators replaying one selection at once replay each job once; a job whose dedup key a
+        live job holds stays dead and is reported in ``held``.
+        """
+
+    def purge_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> tuple[int, int]:
+        """Delete up to ``limit`` matching dead jobs above ``after_id`` with their attempts.
+
+        One transaction; returns ``(how many were deleted, the last id looked at)``.
+        """
 
 
 class LockPort(Protocol):

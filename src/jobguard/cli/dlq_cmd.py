@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from jobguard.cli.dlq_bulk import actor, build_selection, confirm_selection, selection_options
 from jobguard.cli.jobs_cmd import (
     JOB_ID,
     LIMIT,
@@ -20,7 +21,6 @@ from jobguard.cli.jobs_cmd import (
 from jobguard.cli.state import CliState
 from jobguard.core.jsonvalues import decode_object
 from jobguard.exceptions import NotFoundError
-from jobguard.models import JobStatus
 
 
 @click.group()
@@ -90,41 +90,78 @@ def _payload_text(payload: Any) -> str:
 
 
 @dlq.command()
-@click.argument("job_id", type=JOB_ID, metavar="ID")
+@click.argument("job_id", type=JOB_ID, metavar="ID", required=False)
+@selection_options
 @click.pass_obj
-def replay(state: CliState, job_id: int) -> None:
-    """Queue dead job ID again: same id, arguments and keys, attempts reset (G8.3).
+def replay(
+    state: CliState,
+    /,
+    job_id: int | None,
+    every: bool,
+    yes: bool,
+    batch_size: int,
+    **filters: str | None,
+) -> None:
+    """Queue dead job ID again, or every dead job a filter (or --all) selects (G8.3).
 
-    Its operation key is kept, so work that already completed is not redone.
+    Same id, arguments and keys, attempts reset; the operation key is kept, so work that
+    already completed is not redone. A bulk replay shows what it selects and asks first; each
+    job is replayed once even if another operator replays the same jobs at the same time.
     """
-    job = state.inspecting_app().dlq.replay(job_id)
-    console().print(
-        safe_text(f"job {job.id} replayed: {job.status}, operation key {job.operation_key or '-'}")
-    )
+    selection = build_selection(job_id, every, filters)
+    app = state.inspecting_app()
+    if selection is None:
+        assert job_id is not None
+        job = app.dlq.replay(job_id, actor=actor())
+        console().print(
+            safe_text(
+                f"job {job.id} replayed: {job.status}, operation key {job.operation_key or '-'}"
+            )
+        )
+        return
+    if confirm_selection(app, selection, "Replay", yes) == 0:
+        click.echo("nothing replayed")
+        return
+    report = app.replay_dead(selection, actor=actor(), batch_size=batch_size)
+    for dead_id, holder_id in report.held:
+        click.echo(
+            f"job {dead_id} not replayed: job {holder_id} holds its dedup key "
+            "(replaying would run the same work twice)"
+        )
+    if report.gone:
+        click.echo(f"{report.gone} had already left the dead letter queue (skipped)")
+    count = len(report.replayed)
+    click.echo(f"replayed {count} dead job{'s' if count != 1 else ''}")
 
 
 @dlq.command()
 @click.argument("job_id", type=JOB_ID, metavar="ID", required=False)
-@click.option("--all", "purge_all", is_flag=True, help="Purge every dead job.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@selection_options
 @click.pass_obj
-def purge(state: CliState, job_id: int | None, purge_all: bool, yes: bool) -> None:
-    """Delete dead job ID (or --all dead jobs) with their attempt rows, for good."""
-    if (job_id is None) == (not purge_all):
-        raise click.UsageError("give exactly one of a job ID or --all")
+def purge(
+    state: CliState,
+    /,
+    job_id: int | None,
+    every: bool,
+    yes: bool,
+    batch_size: int,
+    **filters: str | None,
+) -> None:
+    """Delete dead job ID, or every dead job a filter (or --all) selects, with their attempt
+    rows, for good. Asks first unless --yes."""
+    selection = build_selection(job_id, every, filters)
     app = state.inspecting_app()
-    if job_id is not None:
+    if selection is None:
+        assert job_id is not None
         app.dlq.show(job_id)  # NotFoundError (exit 1) unless the job is dead
-        question = f"Delete dead job {job_id} and its attempts?"
+        if not yes:
+            click.confirm(f"Delete dead job {job_id} and its attempts?", abort=True, err=True)
+        purged = app.dlq.purge(job_id, actor=actor())
+        if purged == 0:
+            raise NotFoundError(f"job {job_id} left the dead letter queue before it was purged")
     else:
-        count = app.counts()[JobStatus.DEAD]  # one count, not every dead row loaded
-        if count == 0:
-            click.echo("the dead letter queue is empty; nothing purged")
+        if confirm_selection(app, selection, "Purge", yes) == 0:
+            click.echo("nothing purged")
             return
-        question = f"Delete all {count} dead jobs and their attempts?"
-    if not yes:
-        click.confirm(question, abort=True, err=True)
-    purged = app.dlq.purge(job_id)
-    if job_id is not None and purged == 0:
-        raise NotFoundError(f"job {job_id} left the dead letter queue before it was purged")
+        purged = app.purge_dead(selection, actor=actor(), batch_size=batch_size)
     click.echo(f"purged {purged} dead job{'s' if purged != 1 else ''}")

@@ -15,7 +15,7 @@ from jobguard.dashboard import charts, params
 from jobguard.diagnostics import diagnose, read_snapshot
 from jobguard.diagnostics.durations import RAN_HANDLER
 from jobguard.exceptions import NotFoundError
-from jobguard.models import JobStatus, QueueStats
+from jobguard.models import DeadCode, JobStatus, QueueStats
 
 Page = tuple[str, dict[str, Any]]
 Params = Mapping[str, list[str]]
@@ -162,6 +162,22 @@ def dlq(app: App, query: Params) -> Page:
         "page": page,
         "has_next": len(found) > params.PAGE_SIZE and page < params.MAX_PAGE,
         "notice": notice if notice in ("purged", "purged-none") else None,
+        "dead_codes": [code.value for code in DeadCode],
+    }
+
+
+PREVIEW_ROWS = 10
+
+
+def dlq_bulk(app: App, query: Params) -> Page:
+    """What a bulk replay or purge would touch: the count, the first rows, the two forms."""
+    params.check_known(query, set(params.SELECTION_FIELDS))
+    selected = params.selection(query)
+    return "dlq_bulk.html", {
+        "count": app.dlq.count(selected),
+        "jobs": app.dlq.select(selected, PREVIEW_ROWS),
+        "described": selected.describe(),
+        "fields": params.selection_fields(query),
     }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from urllib.parse import parse_qs
 
 from jobguard.core.keys import MAX_KEY_LENGTH
+from jobguard.core.selection import DeadFilter
 from jobguard.models import JobStatus
 from jobguard.task import QUEUE_NAME, TASK_NAME
 
@@ -118,3 +119,27 @@ def check_known(params: Mapping[str, list[str]], known: set[str]) -> None:
     if unknown:
         accepted = ", ".join(sorted(known)) or "none"
         raise BadRequest(f"unknown parameter {unknown[0][:40]!r} (this page takes: {accepted})")
+
+
+SELECTION_FIELDS = ("task", "queue", "reason", "since", "until", "all")
+
+
+def selection(params: Mapping[str, list[str]]) -> DeadFilter:
+    """A bulk DLQ selection (#17): ``task``, ``queue``, ``reason``, ``since``, ``until`` (ISO
+    8601) or ``all=1``; at least one filter or ``all``, not both."""
+    task = name(params, "task")
+    queue = name(params, "queue")
+    texts = {what: single(params, what) for what in ("reason", "since", "until")}
+    every = single(params, "all") == "1"
+    given = task is not None or queue is not None or any(v is not None for v in texts.values())
+    if every and given:
+        raise BadRequest("'every dead job' selects them all: clear the filters, or untick it")
+    if not every and not given:
+        raise BadRequest("choose at least one filter, or tick 'every dead job'")
+    return DeadFilter.parse(task=task, queue=queue, **texts)  # ConfigurationError: a 400
+
+
+def selection_fields(params: Mapping[str, list[str]]) -> dict[str, str]:
+    """The selection's form fields as the operator typed them, to carry into the next form (it
+    is validated again there)."""
+    return {what: (single(params, what) or "") for what in SELECTION_FIELDS}

@@ -216,6 +216,32 @@ class Dashboard:
         await run_in_threadpool(self.app.resume_queue, request.path_params["queue"], actor=actor)
         return RedirectResponse("/?notice=resumed", status_code=303)
 
+    async def bulk(self, request: Request) -> Response:
+        """POST ``/dlq/bulk/replay`` or ``/dlq/bulk/purge``: act on a selection, audited (#17).
+
+        The form carries the selection the preview page showed; it is validated again here.
+        """
+        action = request.path_params["action"]
+        if action not in ("replay", "purge"):
+            raise params.NotFound(f"there is no bulk action {action[:40]!r}")
+        fields = await self.form(request)
+        selected = params.selection({k: [v] for k, v in fields.items() if k != "csrf"})
+        actor = self.actor(request)
+        if action == "replay":
+            report = await run_in_threadpool(self.app.replay_dead, selected, actor=actor)
+            context: dict[str, Any] = {
+                "verb": "Replayed",
+                "count": len(report.replayed),
+                "held": report.held,
+                "gone": report.gone,
+            }
+        else:
+            purged = await run_in_threadpool(self.app.purge_dead, selected, actor=actor)
+            context = {"verb": "Purged", "count": purged, "held": [], "gone": 0}
+        return self.render(
+            request, "dlq_bulk_done.html", {**context, "described": selected.describe()}
+        )
+
     async def login_page(self, request: Request) -> Response:
         """The login form (``next`` is where to go afterwards, a local path only)."""
         try:
@@ -278,6 +304,12 @@ class Dashboard:
             Route("/dlq", self.page(pages.dlq)),
             Route("/doctor", self.page(pages.doctor)),
             Route("/audit", self.page(pages.audit)),
+            Route("/dlq/bulk", self.page(pages.dlq_bulk)),
+            Route(
+                "/dlq/bulk/{action:str}",
+                self.guarded(self.bulk, post=True),
+                methods=["POST"],
+            ),
             Route("/dlq/{job_id}/replay", self.guarded(self.replay, post=True), methods=["POST"]),
             Route("/dlq/{job_id}/purge", self.guarded(self.purge, post=True), methods=["POST"]),
             Route(

@@ -390,6 +390,37 @@ DELETE FROM {schema}.paused_queues WHERE queue = %(queue)s RETURNING queue;
 -- name: paused_queues
 SELECT queue, paused_at, paused_by FROM {schema}.paused_queues ORDER BY queue;
 
+-- Bulk DLQ actions (#17): the selection of a DeadFilter, in id order from a cursor.
+
+-- name: dead_selection
+SELECT * FROM {schema}.jobs
+WHERE status = 'dead' AND id > %(after_id)s::bigint
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(code)s::text IS NULL OR dead_code = %(code)s::text)
+  AND (%(since)s::float8 IS NULL OR finished_at >= %(since)s::float8)
+  AND (%(until)s::float8 IS NULL OR finished_at < %(until)s::float8)
+ORDER BY id LIMIT %(limit)s;
+
+-- name: count_dead_selection
+SELECT count(*) AS n FROM {schema}.jobs
+WHERE status = 'dead'
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(code)s::text IS NULL OR dead_code = %(code)s::text)
+  AND (%(since)s::float8 IS NULL OR finished_at >= %(since)s::float8)
+  AND (%(until)s::float8 IS NULL OR finished_at < %(until)s::float8);
+
+-- name: purge_dead_attempts
+-- The job rows are locked first (FOR UPDATE), so a replay running beside us cannot move one
+-- between deleting its attempts and deleting it.
+DELETE FROM {schema}.attempts
+WHERE job_id IN (SELECT id FROM {schema}.jobs
+                 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead' FOR UPDATE);
+
+-- name: purge_dead_jobs
+DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead';
+
 -- name: host_job
 -- The newest shadow job of a host queue's operation, whatever its state (jobguard.hosts).
 -- Callers hold the key's dedup lock, so admissions of one operation take turns.

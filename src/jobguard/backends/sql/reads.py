@@ -13,6 +13,7 @@ from typing import Any
 from jobguard.backends.sql import rows
 from jobguard.backends.sql.driver import Driver, Row, Tx
 from jobguard.backends.sql.leases import insert_job
+from jobguard.core.selection import DeadFilter, ReplayBatch
 from jobguard.exceptions import ConfigurationError, DuplicateJobError, NotFoundError
 from jobguard.models import (
     Attempt,
@@ -111,6 +112,70 @@ class Reads:
         def op(tx: Tx) -> int:
             tx.run("purge_attempts", {"job_id": job_id})
             return tx.run("purge_jobs", {"job_id": job_id})
+
+        return self.driver.write(op)
+
+    # -- bulk DLQ actions (#17): one transaction per batch, in id order ----------------------
+
+    def count_dead(self, selection: DeadFilter) -> int:
+        """How many dead jobs ``selection`` matches."""
+        found = self._read_all("count_dead_selection", _selection_params(selection))
+        return int(found[0]["n"])
+
+    def select_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> list[Job]:
+        """The first ``limit`` dead jobs ``selection`` matches with ids above ``after_id``."""
+        params = {**_selection_params(selection), "after_id": after_id, "limit": limit}
+        return [rows.job(row) for row in self._read_all("dead_selection", params)]
+
+    def replay_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> ReplayBatch:
+        """Replay up to ``limit`` matching dead jobs with ids above ``after_id`` (one transaction).
+
+        Each job's UPDATE moves it only if it is still dead, so a job another operator replayed
+        (or purged) first is counted as gone, never replayed twice; a job whose dedup key a live
+        job holds stays dead and is reported with its holder.
+        """
+
+        def op(tx: Tx) -> tuple[ReplayBatch, list[str]]:
+            now = tx.now()
+            params = {**_selection_params(selection), "after_id": after_id, "limit": limit}
+            found = tx.all("dead_selection", params)
+            replayed: list[int] = []
+            held: list[tuple[int, int]] = []
+            queues: set[str] = set()
+            for row in found:
+                if row["dedup_key"] is not None:
+                    tx.run("lock_dedup_key", {"dedup_key": row["dedup_key"]})
+                    holder = tx.one("live_dedup_job", {"dedup_key": row["dedup_key"], "now": now})
+                    if holder is not None:
+                        held.append((int(row["id"]), int(holder["id"])))
+                        continue
+                moved = tx.one("replay_job", {"job_id": row["id"], "now": now})
+                if moved is not None:
+                    replayed.append(int(moved["id"]))
+                    queues.add(str(moved["queue"]))
+            last_id = int(found[-1]["id"]) if found else after_id
+            gone = len(found) - len(replayed) - len(held)
+            return ReplayBatch(replayed, held, gone, last_id), sorted(queues)
+
+        batch, queues = self.driver.write(op)
+        if queues:
+            self.driver.jobs_added(queues)
+        return batch
+
+    def purge_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> tuple[int, int]:
+        """Delete up to ``limit`` matching dead jobs above ``after_id`` with their attempts.
+
+        One transaction; returns ``(purged, last id looked at)``. A job that left the DLQ
+        meanwhile is not deleted.
+        """
+
+        def op(tx: Tx) -> tuple[int, int]:
+            params = {**_selection_params(selection), "after_id": after_id, "limit": limit}
+            ids = [int(row["id"]) for row in tx.all("dead_selection", params)]
+            if not ids:
+                return 0, after_id
+            tx.run("purge_dead_attempts", {"ids": ids})
+            return tx.run("purge_dead_jobs", {"ids": ids}), ids[-1]
 
         return self.driver.write(op)
 
@@ -232,3 +297,14 @@ _QUEUE_FIELDS = {
     "queue_running": ("running", "oldest_running_since", "shortest_lease_s"),
     "queue_dead": ("dead",),
 }
+
+
+def _selection_params(selection: DeadFilter) -> dict[str, Any]:
+    """The named parameters of the dead-selection queries."""
+    return {
+        "task": selection.task,
+        "queue": selection.queue,
+        "code": selection.code.value if selection.code else None,
+        "since": selection.since,
+        "until": selection.until,
+    }

@@ -38,6 +38,7 @@ from jobguard.backends.sql.leases import Leases
 from jobguard.backends.sql.pauses import Pauses
 from jobguard.backends.sql.proofs import Proofs
 from jobguard.backends.sql.reads import Reads
+from jobguard.core.selection import DeadFilter, ReplayBatch
 from jobguard.exceptions import JobGuardError
 from jobguard.models import (
     Attempt,
@@ -202,6 +203,22 @@ class SQLStore:
     def purge(self, job_id: int | None = None) -> int:
         """Delete dead jobs (one, or all) and their attempts."""
         return self._reads.purge(job_id)
+
+    def count_dead(self, selection: DeadFilter) -> int:
+        """How many dead jobs ``selection`` matches."""
+        return self._reads.count_dead(selection)
+
+    def select_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> list[Job]:
+        """The first ``limit`` dead jobs ``selection`` matches with ids above ``after_id``."""
+        return self._reads.select_dead(selection, limit, after_id)
+
+    def replay_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> ReplayBatch:
+        """Replay one batch of matching dead jobs (one transaction); see :class:`QueuePort`."""
+        return self._reads.replay_dead(selection, limit, after_id)
+
+    def purge_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> tuple[int, int]:
+        """Delete one batch of matching dead jobs with their attempts (one transaction)."""
+        return self._reads.purge_dead(selection, limit, after_id)
 
     def attempts(
         self, *, job_id: int | None = None, operation_key: str | None = None, limit: int = 1000

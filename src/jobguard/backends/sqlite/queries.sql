@@ -408,6 +408,30 @@ DELETE FROM paused_queues WHERE queue = :queue RETURNING queue;
 -- name: paused_queues
 SELECT queue, paused_at, paused_by FROM paused_queues ORDER BY queue;
 
+-- Bulk DLQ actions (#17): the selection of a DeadFilter, in id order from a cursor.
+
+-- name: dead_selection
+SELECT * FROM jobs
+WHERE status = 'dead' AND id > :after_id
+  AND (:task IS NULL OR task = :task) AND (:queue IS NULL OR queue = :queue)
+  AND (:code IS NULL OR dead_code = :code)
+  AND (:since IS NULL OR finished_at >= :since) AND (:until IS NULL OR finished_at < :until)
+ORDER BY id LIMIT :limit;
+
+-- name: count_dead_selection
+SELECT count(*) AS n FROM jobs
+WHERE status = 'dead'
+  AND (:task IS NULL OR task = :task) AND (:queue IS NULL OR queue = :queue)
+  AND (:code IS NULL OR dead_code = :code)
+  AND (:since IS NULL OR finished_at >= :since) AND (:until IS NULL OR finished_at < :until);
+
+-- name: purge_dead_attempts
+DELETE FROM attempts WHERE job_id IN (SELECT value FROM json_each(:ids))
+  AND job_id IN (SELECT id FROM jobs WHERE status = 'dead');
+
+-- name: purge_dead_jobs
+DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'dead';
+
 -- name: host_job
 -- The newest shadow job of a host queue's operation, whatever its state (jobguard.hosts).
 SELECT * FROM jobs WHERE dedup_key = :dedup_key ORDER BY id DESC LIMIT 1;
