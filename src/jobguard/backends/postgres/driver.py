@@ -251,8 +251,11 @@ class StepConnection:
         self._check(query)
         cursor = self._conn.cursor(row_factory=tuple_row)
         try:
-            with self._conn.pipeline():  # the extended protocol: one statement per text
+            if parameters:  # sent with the extended protocol: the server runs one statement
                 cursor.execute(query, parameters)
+            else:  # psycopg would use the simple protocol, which runs several: force one
+                with self._conn.pipeline():
+                    cursor.execute(query, parameters)
         except psycopg.Error as exc:
             raise step_error(exc) from exc
         self._after()
