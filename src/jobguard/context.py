@@ -58,6 +58,7 @@ class InFlight:
         # When the lease was last known to be ours, on this worker's monotonic clock: fetched,
         # or the start of the last renewal that succeeded (the store extended it after that).
         self.renewed_at = time.monotonic()
+        self.renewal_tried = False  # a beat has tried to renew it (its first is due early)
         # The longest time the heartbeat overslept while this delivery was held (monotonic): the
         # whole process stood still (stopped, a paused VM, swapping), not the handler alone.
         self.stalled_s = 0.0

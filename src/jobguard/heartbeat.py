@@ -38,6 +38,14 @@ def renewal_interval_s(inflight: list[InFlight]) -> float:
     return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, min(periods) / 3.0))
 
 
+def first_due(inflight: list[InFlight], next_beat: float, interval_s: float) -> float:
+    """When the next beat is due: ``next_beat``, or earlier for a delivery no beat has tried
+    yet, an interval after its lease began. A fetch that took long (a slow network), or that
+    overlapped the last beat, must not leave its first renewal to the beat after next."""
+    fresh = [item.renewed_at for item in inflight if not item.renewal_tried]
+    return min(next_beat, min(fresh) + interval_s) if fresh else next_beat
+
+
 class Heartbeat(threading.Thread):
     """Background thread renewing what ``snapshot()`` returns until ``stop()``."""
 
@@ -72,8 +80,9 @@ class Heartbeat(threading.Thread):
             while not self._stopped.is_set():
                 # A poke (new deliveries) only shortens the wait when their leases need it: a
                 # fetch must not renew every lease in flight, or a busy worker renews per fetch.
-                interval_s = renewal_interval_s(self._snapshot())
-                due = last_beat + interval_s
+                snapshot = self._snapshot()
+                interval_s = renewal_interval_s(snapshot)
+                due = first_due(snapshot, last_beat + interval_s, interval_s)
                 timeout_s = max(0.0, due - time.monotonic())
                 slept_from = time.monotonic()
                 poked = self._wake.wait(timeout_s)
@@ -98,6 +107,7 @@ class Heartbeat(threading.Thread):
         snapshot = self._snapshot()
         beat_at = time.monotonic()
         for item in snapshot:
+            item.renewal_tried = True
             if item.overdue(beat_at):  # the last beat hung or failed for a whole lease length
                 self._hooks.lease_lost(item.delivery, item.lost_reason)
         # Judged lost on this worker's clock is not taken over: such a lease is still renewed,

@@ -138,6 +138,8 @@ class Pipeline:
         """Hold a delivery fetched with its begin; :meth:`run` uses what the begin got, and a
         grant taken there is renewed by the heartbeat from now on."""
         inflight = InFlight(prepared.delivery, guard_of(prepared.delivery), None)
+        if prepared.granted_at is not None:  # ctx.lease_lost counts from the lease's start
+            inflight.renewed_at = prepared.granted_at
         if prepared.begun is not None and prepared.request is not None:
             inflight.begun = prepared.begun
             _hold(inflight, prepared.begun, prepared.request)

@@ -287,7 +287,8 @@ class Worker:
                 idle = not self._inflight
             if self._stopping.is_set():
                 return
-            # The leases start on the store's side during the fetch: judge them from before it.
+            # The leases start on the store's side during the fetch: at the latest, judge them
+            # from before it.
             asked_at = time.monotonic()
             try:
                 deliveries = self.app.backend.fetch_prepared(
@@ -333,8 +334,9 @@ class Worker:
 
     def _accept(self, deliveries: list[Prepared], asked_at: float) -> None:
         adopted = [self._pipeline.adopt(prepared) for prepared in deliveries]
-        for item in adopted:
-            item.renewed_at = asked_at  # ctx.lease_lost counts a lease length from here
+        for item, prepared in zip(adopted, deliveries, strict=True):
+            if prepared.granted_at is None:  # the store did not say when the lease began
+                item.renewed_at = asked_at
         items = self._suspect_alone(adopted)
         with self._inflight_lock:
             for item in items:

@@ -7,7 +7,9 @@ Modes, switched while connections are open:
 * black hole: nothing goes through, and nothing is refused: what is sent is read and dropped,
   new connections are accepted and never answered (a failed switch, a NAT timeout, a paused
   VM, as the client's side of the connection sees them);
-* reset: :meth:`FaultProxy.reset_all` cuts every open connection with a TCP reset.
+* reset: :meth:`FaultProxy.reset_all` cuts every open connection with a TCP reset, and
+  :meth:`FaultProxy.reset_on` cuts the connection that next sends given bytes (a statement's
+  text), before they reach the server: a reset in the middle of that statement's transaction.
 
 :meth:`FaultProxy.heal` ends a black hole; the connections that lost bytes in it are reset, as
 the client's own TCP timeout would have ended them.
@@ -56,6 +58,7 @@ class FaultProxy:
         self.mode = PASS
         self.latency_s = 0.0
         self.resets = 0
+        self.reset_marker: bytes | None = None
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -97,6 +100,10 @@ class FaultProxy:
         for pair in pairs:
             self._reset(pair)
 
+    def reset_on(self, marker: bytes) -> None:
+        """Reset the connection that next sends ``marker``, once (the bytes are not passed)."""
+        self.reset_marker = marker
+
     def close(self) -> None:
         """Stop accepting and reset every connection."""
         self._stopped = True
@@ -137,6 +144,11 @@ class FaultProxy:
                 chunk = source.recv(65536)
                 if not chunk:
                     break
+                marker = self.reset_marker
+                if marker is not None and source is pair.client and marker in chunk:
+                    self.reset_marker = None
+                    self._reset(pair)
+                    return
                 if self.mode == BLACK_HOLE:
                     pair.dropped = True
                     continue

@@ -174,11 +174,17 @@ class Begun:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A delivery fetched together with its begin: what it asked for and what it got."""
+    """A delivery fetched together with its begin: what it asked for and what it got.
+
+    ``granted_at`` is the fetching process's monotonic clock just before the store's clock was
+    read for the lease's start: the worker counts the lease from there (never later than the
+    store does), not from when the fetch returned.
+    """
 
     delivery: Delivery
     request: BeginRequest | None = None
     begun: Begun | None = None
+    granted_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

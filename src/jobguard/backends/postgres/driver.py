@@ -130,6 +130,13 @@ class PostgresTx(NamedStatements):
             return self._clock()
         return self._server_clock.now(self.read_server_clock)
 
+    def known_now(self) -> float | None:
+        """The store clock if known without a round trip (injected, or a carried reading);
+        ``None``: a statement given it reads the server's clock itself."""
+        if self._clock is not None:
+            return self._clock()
+        return self._server_clock.carried()
+
     def read_server_clock(self) -> float:
         """Ask the server for its clock on this transaction's connection (one round trip)."""
         row = self.one("store_clock", {})
@@ -386,6 +393,15 @@ class PostgresDriver:
                     continue
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Any]:
+        """One named write on a pooled autocommit connection; see the driver seam."""
+        try:
+            with self._pool_of_this_process().connection() as conn:
+                tx = self._tx(conn)
+                return tx.all(name, {**params, "now": tx.known_now()})
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
 
     @contextmanager
     def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:

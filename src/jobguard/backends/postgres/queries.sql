@@ -82,9 +82,17 @@ SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, %(now)s
 FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[])
 RETURNING id, job_id;
 
--- name: extend_lease
-UPDATE {schema}.jobs SET available_at = %(now)s + %(visibility_timeout_s)s
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+-- name: extend_leases
+-- The leases still held extended (%(items)s: job_id, lease_token, visibility_timeout_s) from
+-- the store clock: %(now)s, or the server's own when the caller did not ask for it (NULL), so
+-- a renewal is one statement and one round trip. Returns the leases it extended.
+UPDATE {schema}.jobs AS j
+SET available_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+                   + item.visibility_timeout_s
+FROM jsonb_to_recordset(%(items)s::jsonb)
+     AS item(job_id bigint, lease_token text, visibility_timeout_s float8)
+WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
+RETURNING j.id, j.lease_token;
 
 -- name: settle_jobs
 -- How deliveries end, many at once (%(items)s: job_id, lease_token, resource, fence, key,
@@ -235,8 +243,15 @@ ORDER BY item.key COLLATE "C"
 ON CONFLICT (key) DO NOTHING
 RETURNING *;
 
--- name: renew_lock
-UPDATE {schema}.locks SET expires_at = %(expires_at)s WHERE resource = %(resource)s AND owner = %(owner)s;
+-- name: renew_locks
+-- The locks still owned extended (%(items)s: resource, owner, ttl_s) from the store clock, as
+-- extend_leases. Returns the locks it extended.
+UPDATE {schema}.locks AS l
+SET expires_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+                 + item.ttl_s
+FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text, ttl_s float8)
+WHERE l.resource = item.resource AND l.owner = item.owner
+RETURNING l.resource, l.owner;
 
 -- name: operation_row
 SELECT * FROM {schema}.operations WHERE key = %(key)s;

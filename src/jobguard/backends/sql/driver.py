@@ -62,6 +62,15 @@ class Driver(Protocol):
         are wrapped as :class:`~jobguard.exceptions.StoreUnavailableError`.
         """
 
+    def write_statement(self, name: str, params: Params) -> list[Row]:
+        """Run one named write, atomic on its own, and return its rows once it committed.
+
+        ``params`` get ``now``: the store clock if the driver knows it without asking the
+        database, else ``None`` and the statement reads the database's clock itself. On
+        PostgreSQL it runs outside an explicit transaction: one round trip, no BEGIN nor
+        COMMIT (what keeps a renewal quick on a slow network).
+        """
+
     def read(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` on a read-only view of committed data."""
 

@@ -8,6 +8,7 @@ operation claim taken, from what its row and its task's rule say.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -119,6 +120,7 @@ class Leases:
             return []
 
         def op(tx: Tx) -> list[Prepared]:
+            granted_at = time.monotonic()  # before the lease's start is read from the store
             now = tx.now()
             picked: list[Row] = []
             for queue in queues:
@@ -132,7 +134,7 @@ class Leases:
                 return []
             deliveries = self._lease(tx, live, task_rules, worker_id, now)
             requests = [begin_request(d, task_rules.get(d.task), worker_id) for d in deliveries]
-            return self._begin_fetched(tx, deliveries, requests, now)
+            return self._begin_fetched(tx, deliveries, requests, now, granted_at)
 
         prepared = self.driver.write(op)
         self._expect_work = bool(prepared)
@@ -144,6 +146,7 @@ class Leases:
         deliveries: Sequence[Delivery],
         requests: Sequence[BeginRequest | None],
         now: float,
+        granted_at: float | None = None,
     ) -> list[Prepared]:
         """Begin deliveries leased in this transaction, one by one in :func:`_lock_order`, or
         as a set (a few statements for the batch) when no two of them ask for the same
@@ -160,7 +163,7 @@ class Leases:
                 assert request is not None
                 begun[index] = self.proofs.begin_one(tx, guards[index], request, now, leased=True)
         return [
-            Prepared(delivery, request, result)
+            Prepared(delivery, request, result, granted_at)
             for delivery, request, result in zip(deliveries, requests, begun, strict=True)
         ]
 
@@ -229,6 +232,7 @@ class Leases:
         key = {"dedup_key": spec.dedup_key}
 
         def op(tx: Tx) -> HostAdmission:
+            granted_at = time.monotonic()
             now = tx.now()
             tx.run("lock_dedup_key", key)  # admissions and sends of one operation take turns
             row = tx.one("host_job", key)
@@ -247,43 +251,44 @@ class Leases:
             tx.run("attempt_host_delivery", {"id": delivery.attempt_id, "host": host_delivery})
             # Begun in the lease's transaction, as a fetch begins what it leases.
             request = begin_request(delivery, rules, worker_id)
-            (prepared,) = self._begin_fetched(tx, [delivery], [request], now)
+            (prepared,) = self._begin_fetched(tx, [delivery], [request], now, granted_at)
             return HostAdmission(decided.admit, row["id"], prepared)
 
         return self.driver.write(op)
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend every lease and lock still ours, in one transaction."""
-
-        def op(tx: Tx) -> list[RenewalResult]:
-            now = tx.now()
-            results: list[RenewalResult] = []
-            for item in renewals:
-                lease_ok = (
-                    tx.run(
-                        "extend_lease",
-                        {
-                            "job_id": item.guard.job_id,
-                            "lease_token": item.guard.lease_token,
-                            "visibility_timeout_s": item.visibility_timeout_s,
-                            "now": now,
-                        },
-                    )
-                    == 1
-                )
-                lock_ok = True
-                lock = item.guard.lock
-                if lock is not None and item.lock_ttl_s is not None:
-                    params = {
-                        "resource": lock.resource,
-                        "owner": lock.owner,
-                        "expires_at": now + item.lock_ttl_s,
-                    }
-                    lock_ok = tx.run("renew_lock", params) == 1
-                results.append(RenewalResult(lease_ok=lease_ok, lock_ok=lock_ok))
-            return results
-
-        return self.driver.write(op)
+        """Extend every lease and lock still ours: one set statement for the leases and one
+        for the locks, each atomic on its own, so that on a slow network the first renewal of
+        a delivery just fetched lands well within its lease."""
+        leases = [
+            {
+                "job_id": item.guard.job_id,
+                "lease_token": item.guard.lease_token,
+                "visibility_timeout_s": item.visibility_timeout_s,
+            }
+            for item in renewals
+        ]
+        extended = {
+            (row["id"], row["lease_token"])
+            for row in self.driver.write_statement("extend_leases", {"items": leases})
+        }
+        locks = [
+            (item.guard.lock, item.lock_ttl_s)
+            for item in renewals
+            if item.guard.lock is not None and item.lock_ttl_s is not None
+        ]
+        kept = self.proofs.renew_locks(locks) if locks else set()
+        return [
+            RenewalResult(
+                lease_ok=(item.guard.job_id, item.guard.lease_token) in extended,
+                lock_ok=(
+                    item.guard.lock is None
+                    or item.lock_ttl_s is None
+                    or (item.guard.lock.resource, item.guard.lock.owner) in kept
+                ),
+            )
+            for item in renewals
+        ]
 
 
 def _independent(requests: Sequence[BeginRequest | None]) -> bool:

@@ -193,16 +193,17 @@ class Proofs:
 
     def renew_lock(self, grant: LockGrant, ttl_s: float) -> bool:
         """Extend the lock if ``grant.owner`` still owns it."""
+        return (grant.resource, grant.owner) in self.renew_locks([(grant, ttl_s)])
 
-        def op(tx: Tx) -> bool:
-            params = {
-                "resource": grant.resource,
-                "owner": grant.owner,
-                "expires_at": tx.now() + ttl_s,
-            }
-            return tx.run("renew_lock", params) == 1
-
-        return self.driver.write(op)
+    def renew_locks(self, locks: Sequence[tuple[LockGrant, float]]) -> set[tuple[str, str]]:
+        """Extend each lock its owner still holds by its TTL (one statement); the (resource,
+        owner) pairs extended."""
+        items = [
+            {"resource": grant.resource, "owner": grant.owner, "ttl_s": ttl_s}
+            for grant, ttl_s in locks
+        ]
+        rows = self.driver.write_statement("renew_locks", {"items": items})
+        return {(row["resource"], row["owner"]) for row in rows}
 
     def release_lock(self, grant: LockGrant) -> bool:
         """Free the lock if ``grant.owner`` still owns it."""

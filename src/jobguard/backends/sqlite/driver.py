@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
 from jobguard.backends.sql.callers import LoopBridge, unwrap
-from jobguard.backends.sql.driver import NamedStatements, Tx
+from jobguard.backends.sql.driver import NamedStatements, Row, Tx
 from jobguard.backends.sqlite.clock import host_clock
 from jobguard.backends.sqlite.connection import (
     ProcessLocal,
@@ -185,6 +185,10 @@ class SQLiteDriver:
         except StoreUnavailableError as exc:
             self._check_file(deep=True)
             raise exc from exc.__cause__
+
+    def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        """One named write in its own (grouped) transaction, on the store clock."""
+        return self.write(lambda tx: tx.all(name, {**params, "now": tx.now()}))
 
     def read(self, fn: Callable[[SQLiteTx], T]) -> T:
         """Run ``fn`` on this thread's read connection."""

@@ -80,9 +80,17 @@ SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, :now
 FROM jobs WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, job_id;
 
--- name: extend_lease
-UPDATE jobs SET available_at = :now + :visibility_timeout_s
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+-- name: extend_leases
+-- The leases still held extended (:items: job_id, lease_token, visibility_timeout_s) from the
+-- store clock. Returns the leases it extended.
+UPDATE jobs
+SET available_at = :now + item.visibility_timeout_s
+FROM (SELECT json_extract(value, '$.job_id') AS job_id,
+             json_extract(value, '$.lease_token') AS lease_token,
+             json_extract(value, '$.visibility_timeout_s') AS visibility_timeout_s
+      FROM json_each(:items)) AS item
+WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND jobs.status = 'running'
+RETURNING jobs.id, jobs.lease_token;
 
 -- name: settle_jobs
 -- How deliveries end, many at once (:items: job_id, lease_token, resource, fence, key, status,
@@ -262,8 +270,17 @@ FROM json_each(:items) WHERE true
 ON CONFLICT (key) DO NOTHING
 RETURNING *;
 
--- name: renew_lock
-UPDATE locks SET expires_at = :expires_at WHERE resource = :resource AND owner = :owner;
+-- name: renew_locks
+-- The locks still owned extended (:items: resource, owner, ttl_s) from the store clock.
+-- Returns the locks it extended.
+UPDATE locks
+SET expires_at = :now + item.ttl_s
+FROM (SELECT json_extract(value, '$.resource') AS resource,
+             json_extract(value, '$.owner') AS owner,
+             json_extract(value, '$.ttl_s') AS ttl_s
+      FROM json_each(:items)) AS item
+WHERE locks.resource = item.resource AND locks.owner = item.owner
+RETURNING locks.resource, locks.owner;
 
 -- name: operation_row
 SELECT * FROM operations WHERE key = :key;
