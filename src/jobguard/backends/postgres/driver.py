@@ -24,8 +24,13 @@ from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.url import parse_postgres_url
 from jobguard.backends.sql.callers import LoopBridge, unwrap
-from jobguard.backends.sql.driver import NamedStatements, Tx, UserCodeError
-from jobguard.exceptions import ConfigurationError, StepSQLError, StoreUnavailableError
+from jobguard.backends.sql.driver import NamedStatements, Row, Tx, UserCodeError
+from jobguard.exceptions import (
+    ConfigurationError,
+    StepSQLError,
+    StoreBrokenError,
+    StoreUnavailableError,
+)
 
 try:
     import psycopg
@@ -179,6 +184,24 @@ def step_error(exc: psycopg.Error) -> StepSQLError | StoreUnavailableError:
     return StepSQLError(f"SQL of the step failed: {exc}")
 
 
+def cannot_write(access: Row, schema: str) -> str | None:
+    """Why a session whose ``write_access`` row is ``access`` cannot write, or ``None``."""
+    if access["standby"]:
+        return "the server is a standby (in recovery); point the URL at the primary"
+    if access["read_only"]:
+        return (
+            "its sessions are read-only (default_transaction_read_only is on for this "
+            "database or role)"
+        )
+    if access["unwritable"]:
+        tables = ", ".join(access["unwritable"])
+        return (
+            f"role {access['role']!r} may not insert into or update these tables of schema "
+            f"{schema!r}: {tables}"
+        )
+    return None
+
+
 def leading_words(query: str, count: int = 2) -> list[str]:
     """The first ``count`` words of a statement, lower-cased, after what the server skips
     before it: white space, empty statements (``;``), ``--`` and nested ``/* */`` comments."""
@@ -328,6 +351,7 @@ class PostgresDriver:
         self._guard = threading.Lock()
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_pid = -1
+        self._usable_checked = False
         # Callers' connections already seen to hold this schema (checked once each).
         self._adopted: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -498,7 +522,23 @@ class PostgresDriver:
         return carried if carried is not None else self.read(lambda tx: tx.now())
 
     def check_usable(self) -> None:
-        """Nothing to check: a server's errors surface when it is used."""
+        """Raise :class:`StoreBrokenError` if this session cannot write jobguard's tables (a
+        read-only database, role or server, or missing privileges), the first time it is
+        called: a worker or scheduler says so in one line instead of failing every fetch. Later
+        calls check nothing: the server's errors surface when it is used, and a standby
+        promoted meanwhile (a failover) is an outage that passes."""
+        if self._usable_checked:
+            return
+        access = self.read(lambda tx: tx.one("write_access", {"schema": self.schema}))
+        self._usable_checked = True
+        if access is None:  # pragma: no cover - the statement returns one row
+            return
+        cause = cannot_write(access, self.schema)
+        if cause is not None:
+            raise StoreBrokenError(
+                f"PostgreSQL at {self.url} is read-only for jobguard: {cause}; a worker or "
+                "scheduler cannot use it"
+            )
 
     def jobs_added(self, queues: Sequence[str]) -> None:
         """Nothing to do: the enqueue's own NOTIFY wakes workers when it commits."""

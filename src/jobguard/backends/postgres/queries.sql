@@ -323,6 +323,21 @@ DELETE FROM {schema}.attempts WHERE job_id = ANY(%(ids)s::bigint[]);
 -- name: prune_jobs
 DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'completed';
 
+-- name: write_access
+-- What would stop this session writing jobguard's tables: a read-only session (the database's
+-- or the role's default_transaction_read_only) or server (a standby), or a table of the
+-- schema %(schema)s the role may not insert into or update.
+SELECT current_setting('transaction_read_only') = 'on' AS read_only,
+       pg_is_in_recovery() AS standby,
+       current_user::text AS role,
+       ARRAY(SELECT c.relname::text
+             FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+             WHERE n.nspname = %(schema)s AND c.relkind = 'r'
+               AND c.relname IN ('jobs', 'attempts', 'locks', 'operations', 'steps', 'schedules')
+               AND NOT (has_table_privilege(c.oid, 'INSERT')
+                        AND has_table_privilege(c.oid, 'UPDATE'))
+             ORDER BY c.relname) AS unwritable;
+
 -- name: store_clock
 -- The one clock every worker host agrees on: the database server's.
 SELECT extract(epoch FROM clock_timestamp())::float8 AS now;
