@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jobguard.context import InFlight
-from jobguard.heartbeat import IDLE_INTERVAL_S, MIN_INTERVAL_S, renewal_interval_s
+from jobguard.heartbeat import IDLE_INTERVAL_S, MIN_INTERVAL_S, first_due, renewal_interval_s
 from jobguard.models import Delivery, Guard
 
 LEASE = "lease-1"
@@ -55,3 +55,16 @@ def test_idle_and_tiny_timeouts_are_bounded() -> None:
     assert renewal_interval_s([]) == IDLE_INTERVAL_S
     item = _inflight(replace(_delivery(0.01, None)))
     assert renewal_interval_s([item]) == MIN_INTERVAL_S
+
+
+def test_a_delivery_no_beat_tried_is_due_an_interval_after_its_lease_began() -> None:
+    """A fetch that took long (a slow network) or overlapped the last beat: the delivery's first
+    renewal is due a third of its lease after the store started it, not at the beat after next;
+    once a beat tried it, the regular schedule holds (a failing renewal cannot make it spin)."""
+    item = _inflight(_delivery(3.0, None))
+    item.renewed_at = 100.0  # the lease began then, on this worker's clock
+    assert first_due([item], next_beat=102.5, interval_s=1.0) == 101.0
+    assert first_due([item], next_beat=100.5, interval_s=1.0) == 100.5
+    item.renewal_tried = True
+    assert first_due([item], next_beat=102.5, interval_s=1.0) == 102.5
+    assert first_due([], next_beat=102.5, interval_s=1.0) == 102.5
