@@ -7,13 +7,16 @@ a black hole (packets dropped, nothing refused).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from jobguard import App, JobStatus, Outcome
+from jobguard.backends.base import Renewal
 from jobguard.backends.postgres.driver import render_queries
+from jobguard.pipeline import guard_of
 from tests.support import pg, stores
 from tests.support.faultproxy import FaultProxy
 from tests.support.network_app import (
@@ -183,3 +186,31 @@ def test_under_latency_a_3s_lease_holds_from_fetch_to_ending(
     assert len(events(pg_url, "ran")) == len(jobs)
     outcomes = [a.outcome for j in jobs for a in napp.attempts(job_id=j.id)]
     assert outcomes == [Outcome.COMPLETED] * len(jobs)
+
+
+def test_a_renewal_is_one_round_trip_and_counts_from_the_lease_start(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """What keeps a short lease alive on a slow network: renewing every lease in flight is one
+    statement and one round trip (no BEGIN, clock reading nor COMMIT around it); and
+    a fetched delivery says when, on this process's clock, the store began its lease (before
+    the fetch returned)."""
+    napp.tasks[BRIEF].enqueue(n=1, work_s=0.0)
+    napp.tasks[BRIEF].enqueue(n=2, work_s=0.0)
+    worker_app = make_app(proxy.url_for(pg_url))
+    try:
+        backend = worker_app.backend
+        asked_at = time.monotonic()
+        fetched = backend.fetch_prepared(["default"], 2, "w", None)
+        returned_at = time.monotonic()
+        assert len(fetched) == 2
+        for prepared in fetched:
+            assert prepared.granted_at is not None
+            assert asked_at <= prepared.granted_at <= returned_at
+        renewals = [Renewal(guard_of(p.delivery), LEASE_S, None) for p in fetched]
+        proxy.client_sends = 0
+        results = backend.renew(renewals)
+        assert [(r.lease_ok, r.lock_ok) for r in results] == [(True, True)] * 2
+        assert proxy.client_sends == 1
+    finally:
+        worker_app.close()

@@ -59,6 +59,7 @@ class FaultProxy:
         self.latency_s = 0.0
         self.resets = 0
         self.reset_marker: bytes | None = None
+        self.client_sends = 0  # chunks the clients sent: round trips, for one request at a time
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -144,6 +145,8 @@ class FaultProxy:
                 chunk = source.recv(65536)
                 if not chunk:
                     break
+                if source is pair.client:
+                    self.client_sends += 1
                 marker = self.reset_marker
                 if marker is not None and source is pair.client and marker in chunk:
                     self.reset_marker = None
