@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from jobguard.core import checks
+from jobguard.core.text import utc_text
 from jobguard.exceptions import ConfigurationError
 from jobguard.models import DeadCode, Job
 
@@ -144,8 +145,9 @@ class DeadPreview:
 
     @property
     def cutoff_text(self) -> str:
-        """The preview's store time in ISO 8601 (UTC)."""
-        return _iso(self.selection.cutoff) or "-"
+        """The preview's store time, to the second, in UTC (``2026-12-02 01:01:53 UTC``)."""
+        cutoff = self.selection.cutoff
+        return "-" if cutoff is None else f"{utc_text(cutoff)} UTC"
 
 
 @dataclass(frozen=True, slots=True)

@@ -246,8 +246,11 @@ class Dashboard:
         else:
             purged = await run_in_threadpool(self.app.purge_dead, selected, actor=actor)
             context = {"verb": "Purged", "count": purged, "held": [], "gone": 0}
+        previewed = _when(selected.cutoff)
         return self.render(
-            request, "dlq_bulk_done.html", {**context, "described": selected.describe()}
+            request,
+            "dlq_bulk_done.html",
+            {**context, "described": selected.describe(), "previewed": previewed},
         )
 
     async def login_page(self, request: Request) -> Response:
