@@ -129,6 +129,10 @@ class DeadFilter:
 class DeadPreview:
     """What a bulk action on a selection would touch, as shown before it is confirmed.
 
+    The bound is the burial time: a burial whose transaction read the store clock before the
+    preview did but committed only after the preview's reads (a window of that transaction's
+    length) is not shown and is still selected.
+
     Attributes:
         selection: The selection with its ``cutoff`` set to the store time of the preview: act
             on this one to touch only what was shown (jobs buried later are left alone).
