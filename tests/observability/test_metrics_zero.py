@@ -5,7 +5,10 @@ exporter`` processes."""
 
 from __future__ import annotations
 
-from jobguard import Outcome
+import inspect
+import re
+
+from jobguard import Outcome, heartbeat, pipeline, scheduler, settler, worker
 from jobguard.observability.metrics import STORE_ERROR_PLACES
 from tests.observability.conftest import APP, Served, start_cli
 from tests.observability.test_metrics import scrape
@@ -85,3 +88,14 @@ def test_the_exporter_serves_every_known_queue_at_zero_and_keeps_a_drained_one(
     app.close()
     assert drained["jobguard_queue_depth"][(("queue", "side"),)] == 0
     assert drained["jobguard_dlq_size"][(("queue", "side"),)] == 0
+
+
+def test_every_store_call_a_worker_or_scheduler_reports_is_served_from_zero() -> None:
+    """The places a worker's fetch loop, pipeline, settler and heartbeat, and the scheduler,
+    report store errors from are the ones served at 0: a place renamed (``ack`` became
+    ``settle``) or added must not leave its series absent until its first failure."""
+    parts = (worker, pipeline, settler, heartbeat, scheduler)
+    source = "".join(inspect.getsource(part) for part in parts)
+    reported = set(re.findall(r'store_error\(\s*"([a-z ]+)"', source))
+    assert reported
+    assert reported <= set(STORE_ERROR_PLACES)
