@@ -8,7 +8,7 @@ import pytest
 
 from jobguard import App
 from jobguard.models import DeadCode, JobStatus
-from tests.observability.conftest import Client, Served, start_cli
+from tests.observability.conftest import Client, Served, serve_dashboard
 from tests.support.observed_app import make_app
 
 ACTOR = "local@127.0.0.1"  # a dashboard without a login: the client's address
@@ -16,22 +16,17 @@ ACTOR = "local@127.0.0.1"  # a dashboard without a login: the client's address
 
 @pytest.fixture
 def store(store_url: str) -> Iterator[App]:
+    """The observed app, with no job yet."""
     app = make_app(store_url)
     yield app
     app.close()
-
-
-def dashboard(url: str, served: list[Served]) -> Client:
-    proc = start_cli(url, ["--url", url, "dashboard", "--port", "0"], "dashboard at")
-    served.append(proc)
-    return Client(proc.url)
 
 
 def test_cancel_from_the_job_page_buries_a_queued_job_and_asks_a_running_one_to_stop(
     store: App, store_url: str, served: list[Served]
 ) -> None:
     queued = store.enqueue("note", {"text": "hello"})
-    client = dashboard(store_url, served)
+    client = Client(serve_dashboard(store_url, served))
     page = client.request(f"/jobs/{queued.id}").body
     assert 'id="cancel"' in page
     for form in (None, {"csrf": ""}, {"csrf": "0" * 64}):

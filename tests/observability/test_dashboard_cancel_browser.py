@@ -9,7 +9,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from jobguard import App
 from jobguard.models import DeadCode, JobStatus
-from tests.observability.conftest import Served, start_cli
+from tests.observability.conftest import Served, serve_dashboard
 from tests.observability.test_dashboard_browser import (  # noqa: F401 - the browser fixture
     TOKEN,
     browser,
@@ -28,11 +28,7 @@ def test_an_operator_cancels_a_scheduled_job_from_its_page(
     url = f"sqlite:///{db_path}"  # one backend: the HTTP tests cover the route on both
     app: App = make_app(url)
     job = app.tasks["hold"].options(delay_s=3600).enqueue(n=0)
-    dashboard = start_cli(
-        url, ["--url", url, "dashboard", "--port", "0", "--token", TOKEN], "dashboard at"
-    )
-    served.append(dashboard)
-    base = dashboard.url
+    base = serve_dashboard(url, served, "--token", TOKEN)
     browser.get(f"{base}/jobs/{job.id}")
     browser.find_element(By.ID, "secret").send_keys(TOKEN)
     submit(browser, "login")
