@@ -5,7 +5,7 @@ Start with :class:`App`; see the README and ``docs/`` for the concepts.
 
 from jobguard.app import App
 from jobguard.context import Context
-from jobguard.core.selection import DeadFilter, ReplayReport
+from jobguard.core.selection import DeadFilter, DeadPreview, ReplayReport
 from jobguard.deadletters import DeadLetterQueue
 from jobguard.exceptions import (
     ConfigurationError,
@@ -16,6 +16,7 @@ from jobguard.exceptions import (
     JobCancelled,
     JobFinishedError,
     JobGuardError,
+    JobStateError,
     KeyTemplateError,
     LeaseLostError,
     LockBusyError,
@@ -58,6 +59,7 @@ __all__ = [
     "DeadFilter",
     "DeadJob",
     "DeadLetterQueue",
+    "DeadPreview",
     "DuplicateJobError",
     "EnqueueError",
     "Fatal",
@@ -68,6 +70,7 @@ __all__ = [
     "JobCancelled",
     "JobFinishedError",
     "JobGuardError",
+    "JobStateError",
     "JobStatus",
     "KeyTemplateError",
     "LeaseLostError",
