@@ -362,8 +362,13 @@ class Task:
     ) -> tuple[str | None, int | None]:
         """The concurrency key and limit of one call: a per-call option wins over the task's."""
         key = _key("concurrency_key", options.concurrency_key, self.concurrency_key, kwargs)
-        limit = options.concurrency_limit or self.concurrency_limit
-        if key is None and options.concurrency_limit is not None:
+        limit = (
+            self.concurrency_limit
+            if options.concurrency_limit is None
+            else options.concurrency_limit
+        )
+        if key is None and limit is not None:
+            # A limit with nothing to count by would let every job run: refused, not ignored.
             raise ConfigurationError(
                 f"task {self.name!r}: concurrency_limit needs a concurrency_key to count runs by"
             )
