@@ -251,3 +251,14 @@ def test_an_operation_in_progress_gives_back_the_slot(backend: Backend) -> None:
     first, second = fetch_begun(backend, 2)
     assert begun_of(second).busy is BusyReason.OPERATION
     assert list(holders(backend)) == [slot_of(first).slot]
+
+
+def test_a_stored_limit_past_the_largest_is_read_as_the_largest(backend: Backend) -> None:
+    """A row written by another tool with a limit past 1000 (or none below 1) begins like one
+    of the largest limit (or is never granted a slot) instead of looking at billions of
+    slots."""
+    backend.enqueue(slotted(limit=2**31 - 1))
+    backend.enqueue(slotted("acct:2", limit=0))
+    huge, none = fetch_begun(backend, 2)
+    assert slot_of(huge).slot == 0
+    assert begun_of(none).busy is BusyReason.SLOT

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from jobguard.backends.base import BeginRequest, Begun
 from jobguard.backends.sql import rows
 from jobguard.backends.sql.driver import Driver, Row, Tx, UserCodeError
-from jobguard.core import messages
+from jobguard.core import checks, messages
 from jobguard.exceptions import StoreUnavailableError
 from jobguard.models import BusyReason, Guard, LockGrant, Operation, OperationStatus
 
@@ -119,7 +119,9 @@ def grant_slots(
         items.append(
             {
                 "key": key,
-                "lim": request.concurrency_limit,
+                # A row written by another tool may hold any number: the begin looks at no
+                # more slots than a limit may have.
+                "lim": min(request.concurrency_limit or 0, checks.MAX_CONCURRENCY),
                 "owner": request.lock_owner,
                 "expires_at": now + request.lock_ttl_s,
                 "nth": nth,
