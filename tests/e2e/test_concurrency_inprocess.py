@@ -10,7 +10,11 @@ from __future__ import annotations
 import threading
 import time
 
+from click.testing import CliRunner
+
 from jobguard import App, Context, JobStatus, Outcome
+from jobguard.cli.main import cli
+from jobguard.models import DeadCode
 from jobguard.testing import drain
 
 TTL_S = 1.0
@@ -60,5 +64,35 @@ def test_over_the_limit_waits_uncharged_and_the_heartbeat_keeps_the_slot(store_u
         assert waits, "the second job never waited for the slot"
         assert waits[0].error_message == "concurrency limit reached: 1 running for account:7"
         assert [a.outcome for a in app.attempts(job_id=first.id)] == [Outcome.COMPLETED]
+    finally:
+        app.close()
+
+
+def test_a_job_waiting_past_max_defer_s_for_a_slot_is_buried_saying_so(store_url: str) -> None:
+    """G3.4, G3.6: waiting for a slot is bounded by ``max_defer_s`` as waiting for a lock is;
+    ``jobguard dlq show`` names the key and its limit."""
+    app = App(store_url)
+
+    @app.task(
+        name="export", concurrency_key="account:{account}", concurrency_limit=1, max_defer_s=0
+    )
+    def export(ctx: Context, account: int) -> None:
+        raise AssertionError("never runs: its account's only slot is held")
+
+    try:
+        export.enqueue(account=7)
+        rules = {"export": export.delivery_rules()}
+        (holder,) = app.backend.fetch_prepared(["default"], 1, "holder", rules)
+        assert holder.begun is not None
+        assert holder.begun.slot is not None
+        waiting = export.enqueue(account=7)
+        app.worker(install_signal_handlers=False, grace_s=1.0).run(burst=True)
+        buried = app.get_job(waiting.id)
+        assert buried.status == JobStatus.DEAD
+        assert buried.dead_code == DeadCode.WAITED
+        shown = CliRunner().invoke(cli, ["--url", store_url, "dlq", "show", str(waiting.id)])
+        assert shown.exit_code == 0, shown.output
+        assert "concurrency limit reached: 1 running for account:7" in shown.output
+        assert "concurrency:   account:7 (at most 1 at once)" in shown.output
     finally:
         app.close()

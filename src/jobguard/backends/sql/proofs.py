@@ -162,6 +162,9 @@ class Proofs:
         claimed one at a time. Fills ``guards`` (grants) and ``begun``."""
         wanted = {index: request for index in order if (request := requests[index]) is not None}
         self._grant_set(tx, guards, wanted, begun, now)
+        # Slots of one key are shared within a batch (one statement hands out distinct ones).
+        # A delivery that then finds its operation busy gives its slot back; one of its batch
+        # refused that slot meanwhile is deferred and takes it on its next fetch.
         free = {index: request for index, request in wanted.items() if begun[index] is None}
         for index in grant_slots(tx, guards, free, now):
             _give_back(tx, guards[index])  # its lock, taken a statement ago
