@@ -88,13 +88,19 @@ def release_locks(tx: Tx, guards: Sequence[Guard]) -> int:
     return freed + (tx.run("release_slots", {"items": slots}) if slots else 0)
 
 
-def _give_back(tx: Tx, guard: Guard) -> None:
-    """A delivery that cannot begin after all: what it was granted in this begin is freed, and
-    its attempt row does not name a lock it gave straight back."""
-    release_locks(tx, [guard])
-    if guard.lock is not None:
-        unmark = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
-        tx.run("attempt_locks", {"items": [unmark]})
+def _give_back(tx: Tx, guards: Sequence[Guard]) -> None:
+    """Deliveries that cannot begin after all: what they were granted in this begin is freed,
+    and their attempt rows do not name a lock they gave straight back."""
+    if not guards:
+        return
+    release_locks(tx, guards)
+    unmark = [
+        {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
+        for guard in guards
+        if guard.lock is not None
+    ]
+    if unmark:
+        tx.run("attempt_locks", {"items": unmark})
 
 
 def grant_slots(
@@ -166,8 +172,9 @@ class Proofs:
         # A delivery that then finds its operation busy gives its slot back; one of its batch
         # refused that slot meanwhile is deferred and takes it on its next fetch.
         free = {index: request for index, request in wanted.items() if begun[index] is None}
-        for index in grant_slots(tx, guards, free, now):
-            _give_back(tx, guards[index])  # its lock, taken a statement ago
+        slotless = sorted(grant_slots(tx, guards, free, now))
+        _give_back(tx, [guards[index] for index in slotless])  # their locks, just taken
+        for index in slotless:
             begun[index] = Begun(busy=BusyReason.SLOT)
         claiming = {
             request.operation_key: index
@@ -367,7 +374,7 @@ class Proofs:
         if request.concurrency_key is not None and current.slot is None:
             slotted = [current]
             if grant_slots(tx, slotted, {0: request}, now):
-                _give_back(tx, current)
+                _give_back(tx, [current])
                 return Begun(busy=BusyReason.SLOT)
             current = slotted[0]
         if request.operation_key is None:
@@ -380,7 +387,7 @@ class Proofs:
         assert request.operation_key is not None
         operation = self._claim(tx, guard, request.operation_key, request.resource_key, now)
         if operation is None:
-            _give_back(tx, guard)
+            _give_back(tx, [guard])
             return Begun(busy=BusyReason.OPERATION)
         return Begun(grant=guard.lock, operation=operation, slot=guard.slot)
 
