@@ -190,6 +190,8 @@ class App:
         lock_ttl_s: float = 30.0,
         max_defer_s: float = 3600.0,
         dedup_window_s: float = 0.0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -212,6 +214,8 @@ class App:
         lock_ttl_s: float = 30.0,
         max_defer_s: float = 3600.0,
         dedup_window_s: float = 0.0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a handler ``fn(ctx, **kwargs)`` as a task.
 
@@ -234,9 +238,16 @@ class App:
                 ``"fulfill-order:{order_id}"`` (G4.1).
             resource_key: Template of the resource to lock while running, e.g.
                 ``"order:{order_id}"`` (G3.1).
-            lock_ttl_s: Lock lease length; renewed with the job's lease (G3.3).
-            max_defer_s: How long a job may keep waiting for a busy resource before it is buried.
+            lock_ttl_s: Lock lease length, and the concurrency slot's; renewed with the job's
+                lease (G3.3).
+            max_defer_s: How long a job may keep waiting for a busy resource (or a free
+                concurrency slot) before it is buried.
             dedup_window_s: Default time a dedup key is held after completion (G6.2).
+            concurrency_key: Template of the key whose jobs share a concurrency limit, e.g.
+                ``"api-account:{account_id}"``: a job runs only while holding one of the key's
+                ``concurrency_limit`` slots, fleet-wide (G3.6).
+            concurrency_limit: How many jobs of one concurrency key may run at once (1 to
+                1000); required with ``concurrency_key``.
         """
 
         def register(handler: Callable[..., Any]) -> Task:
@@ -267,6 +278,8 @@ class App:
                 lock_ttl_s=lock_ttl_s,
                 max_defer_s=max_defer_s,
                 dedup_window_s=dedup_window_s,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
             )
             self.tasks[task_name] = task
             return task

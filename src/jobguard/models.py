@@ -76,6 +76,7 @@ class BusyReason(StrEnum):
     """Why a delivery could not begin: someone else holds what it needs."""
 
     LOCK = "lock"  # the resource lock is held by a live owner
+    SLOT = "slot"  # every slot of the concurrency key is held by a live owner
     OPERATION = "operation"  # another live delivery claims the operation record
 
 
@@ -108,6 +109,8 @@ class JobSpec:
     dedup_window_s: float = 0.0
     headers: str | None = None
     """Context carried with the job (a JSON object as text), e.g. the enqueuer's trace."""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,8 @@ class Job:
     dead_reason: str | None
     dead_code: DeadCode | None = None
     headers: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     deduplicated: bool = False
     """True when enqueue returned an existing job instead of storing a new one (G6.1)."""
 
@@ -161,26 +166,35 @@ class Delivery:
     error_signature: str | None
     same_error_count: int
     headers: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class LockGrant:
-    """Ownership of a resource lock: the owner token and its fencing token (G3.2, G3.5)."""
+    """Ownership of a resource lock: the owner token and its fencing token (G3.2, G3.5).
+
+    A concurrency slot is granted the same way: ``resource`` is the concurrency key and
+    ``slot`` the number of the slot held (0 to the limit minus one), whose own fence it carries.
+    """
 
     resource: str
     owner: str
     fence: int
     expires_at: float
+    slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Guard:
-    """What a write must prove: the delivery's lease and, if any, the lock grant's fence."""
+    """What a write must prove: the delivery's lease and, if any, the fences of its lock grant
+    and of its concurrency slot."""
 
     job_id: int
     lease_token: str
     attempt_id: int
     lock: LockGrant | None = None
+    slot: LockGrant | None = None
 
 
 @dataclass(frozen=True, slots=True)

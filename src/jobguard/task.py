@@ -98,10 +98,14 @@ class CallOptions:
     queue: str | None = None
     operation_key: str | None = None
     resource_key: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse NaN, infinity, negative, out-of-range and non-numeric values, naming them."""
         set_field = object.__setattr__  # frozen: normalise in place once, here
+        if self.concurrency_limit is not None:
+            checks.concurrency_limit("concurrency_limit", self.concurrency_limit)
         set_field(self, "delay_s", checks.seconds("delay_s", self.delay_s))
         set_field(
             self, "dedup_window_s", checks.optional_seconds("dedup_window_s", self.dedup_window_s)
@@ -160,6 +164,8 @@ class Task:
         lock_ttl_s: float,
         max_defer_s: float,
         dedup_window_s: float,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
             raise ConfigurationError(f"task name {name!r} is not valid")
@@ -176,6 +182,8 @@ class Task:
         self.operation_key = operation_key
         self.resource_key = resource_key
         self.lock_ttl_s = checks.seconds("lock_ttl_s", lock_ttl_s, positive=True)
+        self.concurrency_key = concurrency_key
+        self.concurrency_limit = _limit_of(name, concurrency_key, concurrency_limit)
         self.max_defer_s = checks.seconds("max_defer_s", max_defer_s)
         self.dedup_window_s = checks.seconds("dedup_window_s", dedup_window_s)
         try:
@@ -196,7 +204,12 @@ class Task:
         accepts_any = any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in self.signature.parameters.values()
         )
-        for what, template in (("operation_key", operation_key), ("resource_key", resource_key)):
+        templates = (
+            ("operation_key", operation_key),
+            ("resource_key", resource_key),
+            ("concurrency_key", concurrency_key),
+        )
+        for what, template in templates:
             if template is None:
                 continue
             if not isinstance(template, str):
@@ -231,6 +244,8 @@ class Task:
         queue: str | None = None,
         operation_key: str | None = None,
         resource_key: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> BoundCall:
         """Per-call options, kept apart from the task's own arguments so names never clash.
 
@@ -243,6 +258,10 @@ class Task:
             queue: Override the task's queue.
             operation_key: A literal operation key for this call (instead of the template).
             resource_key: A literal resource key for this call (instead of the template).
+            concurrency_key: A literal concurrency key for this call (instead of the template);
+                with the task's ``concurrency_limit`` or this call's.
+            concurrency_limit: How many jobs of the concurrency key may run at once, for this
+                call (instead of the task's).
         """
         return BoundCall(
             self,
@@ -254,6 +273,8 @@ class Task:
                 queue=queue,
                 operation_key=operation_key,
                 resource_key=resource_key,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
             ),
         )
 
@@ -311,6 +332,7 @@ class Task:
         payload = encode_payload(kwargs, self.app.max_payload_bytes)
         operation_key = _key("operation_key", options.operation_key, self.operation_key, kwargs)
         resource_key = _key("resource_key", options.resource_key, self.resource_key, kwargs)
+        concurrency_key, concurrency_limit = self._concurrency(kwargs, options)
         dedup_key = (
             check_key(options.dedup_key, "dedup_key") if options.dedup_key is not None else None
         )
@@ -328,10 +350,50 @@ class Task:
             delay_s=options.delay_s,
             operation_key=operation_key,
             resource_key=resource_key,
-            lock_ttl_s=self.lock_ttl_s if resource_key else None,
+            lock_ttl_s=self.lock_ttl_s if resource_key or concurrency_key else None,
             dedup_key=dedup_key,
             dedup_window_s=window,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
+
+    def _concurrency(
+        self, kwargs: Mapping[str, Any], options: CallOptions
+    ) -> tuple[str | None, int | None]:
+        """The concurrency key and limit of one call: a per-call option wins over the task's."""
+        key = _key("concurrency_key", options.concurrency_key, self.concurrency_key, kwargs)
+        limit = (
+            self.concurrency_limit
+            if options.concurrency_limit is None
+            else options.concurrency_limit
+        )
+        if key is None and limit is not None:
+            # A limit with nothing to count by would let every job run: refused, not ignored.
+            raise ConfigurationError(
+                f"task {self.name!r}: concurrency_limit needs a concurrency_key to count runs by"
+            )
+        if key is not None and limit is None:
+            raise ConfigurationError(
+                f"task {self.name!r}: concurrency_key {key!r} needs a concurrency_limit "
+                "(how many of its jobs may run at once)"
+            )
+        return key, limit
+
+
+def _limit_of(name: str, key: str | None, limit: Any) -> int | None:
+    """A task's concurrency limit: a whole number of slots. A key needs one; a limit without a
+    key waits for a per-call key (``task.options(concurrency_key=...)``)."""
+    if limit is None:
+        if key is not None:
+            raise ConfigurationError(
+                f"task {name!r}: concurrency_key needs a concurrency_limit "
+                "(how many of its jobs may run at once)"
+            )
+        return None
+    try:
+        return checks.concurrency_limit("concurrency_limit", limit)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"task {name!r}: {exc}") from exc
 
 
 class BoundCall:

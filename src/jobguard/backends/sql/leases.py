@@ -54,6 +54,8 @@ def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
             "dedup_key": spec.dedup_key,
             "dedup_window_s": spec.dedup_window_s,
             "headers": spec.headers,
+            "concurrency_key": spec.concurrency_key,
+            "concurrency_limit": spec.concurrency_limit,
             "now": now,
         },
     )
@@ -253,7 +255,7 @@ class Leases:
         return self.driver.write(op)
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend every lease and lock still ours, in one transaction."""
+        """Extend every lease, lock and slot still ours, in one transaction."""
 
         def op(tx: Tx) -> list[RenewalResult]:
             now = tx.now()
@@ -272,7 +274,7 @@ class Leases:
                     == 1
                 )
                 lock_ok = True
-                lock = item.guard.lock
+                lock, slot = item.guard.lock, item.guard.slot
                 if lock is not None and item.lock_ttl_s is not None:
                     params = {
                         "resource": lock.resource,
@@ -280,6 +282,14 @@ class Leases:
                         "expires_at": now + item.lock_ttl_s,
                     }
                     lock_ok = tx.run("renew_lock", params) == 1
+                if slot is not None and item.lock_ttl_s is not None:
+                    params = {
+                        "key": slot.resource,
+                        "slot": slot.slot,
+                        "owner": slot.owner,
+                        "expires_at": now + item.lock_ttl_s,
+                    }
+                    lock_ok = tx.run("renew_slot", params) == 1 and lock_ok
                 results.append(RenewalResult(lease_ok=lease_ok, lock_ok=lock_ok))
             return results
 

@@ -58,6 +58,8 @@ def job(row: Row, *, deduplicated: bool = False) -> Job:
         ),
         dead_code=DeadCode.stored(row["dead_code"]) if row["dead_code"] else None,
         headers=row["headers"],
+        concurrency_key=row["concurrency_key"],
+        concurrency_limit=row["concurrency_limit"],
         deduplicated=deduplicated,
     )
 
@@ -83,6 +85,8 @@ def delivery(row: Row, attempt_id: int) -> Delivery:
         error_signature=row["error_signature"],
         same_error_count=row["same_error_count"],
         headers=row["headers"],
+        concurrency_key=row["concurrency_key"],
+        concurrency_limit=row["concurrency_limit"],
     )
 
 
