@@ -55,6 +55,10 @@ def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
             "dedup_key": spec.dedup_key,
             "dedup_window_s": spec.dedup_window_s,
             "headers": spec.headers,
+            "soft_time_limit_s": spec.soft_time_limit_s,
+            "time_limit_s": spec.time_limit_s,
+            "concurrency_key": spec.concurrency_key,
+            "concurrency_limit": spec.concurrency_limit,
             "now": now,
         },
     )
@@ -257,9 +261,9 @@ class Leases:
         return self.driver.write(op)
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend every lease and lock still ours: one set statement for the leases and one
-        for the locks, each atomic on its own, so that on a slow network the first renewal of
-        a delivery just fetched lands well within its lease."""
+        """Extend every lease, lock and slot still ours: one set statement for the leases and
+        one for the locks, each atomic on its own, so that on a slow network the first renewal
+        of a delivery just fetched lands well within its lease; slots in one transaction."""
         leases = [
             {
                 "job_id": item.guard.job_id,
@@ -269,7 +273,7 @@ class Leases:
             for item in renewals
         ]
         extended = {
-            (row["id"], row["lease_token"])
+            (row["id"], row["lease_token"]): row["cancel_requested_by"]
             for row in self.driver.write_statement("extend_leases", {"items": leases})
         }
         locks = [
@@ -278,17 +282,41 @@ class Leases:
             if item.guard.lock is not None and item.lock_ttl_s is not None
         ]
         kept = self.proofs.renew_locks(locks) if locks else set()
-        return [
-            RenewalResult(
-                lease_ok=(item.guard.job_id, item.guard.lease_token) in extended,
-                lock_ok=(
-                    item.guard.lock is None
-                    or item.lock_ttl_s is None
-                    or (item.guard.lock.resource, item.guard.lock.owner) in kept
-                ),
-            )
-            for item in renewals
+        slots = [
+            item for item in renewals if item.guard.slot is not None and item.lock_ttl_s is not None
         ]
+        slots_kept = self._renew_slots(slots) if slots else set()
+        results = []
+        for item in renewals:
+            key = (item.guard.job_id, item.guard.lease_token)
+            lock, slot = item.guard.lock, item.guard.slot
+            lock_ok = lock is None or item.lock_ttl_s is None or (lock.resource, lock.owner) in kept
+            if slot is not None and item.lock_ttl_s is not None:
+                lock_ok = lock_ok and (slot.resource, slot.slot, slot.owner) in slots_kept
+            results.append(RenewalResult(key in extended, lock_ok, extended.get(key)))
+        return results
+
+    def _renew_slots(self, renewals: Sequence[Renewal]) -> set[tuple[str, int | None, str]]:
+        """Extend the concurrency slots still owned; the (key, slot, owner) of each extended."""
+
+        def op(tx: Tx) -> set[tuple[str, int | None, str]]:
+            now = tx.now()
+            kept: set[tuple[str, int | None, str]] = set()
+            for item in renewals:
+                slot = item.guard.slot
+                assert slot is not None
+                assert item.lock_ttl_s is not None
+                params = {
+                    "key": slot.resource,
+                    "slot": slot.slot,
+                    "owner": slot.owner,
+                    "expires_at": now + item.lock_ttl_s,
+                }
+                if tx.run("renew_slot", params) == 1:
+                    kept.add((slot.resource, slot.slot, slot.owner))
+            return kept
+
+        return self.driver.write(op)
 
 
 def _independent(requests: Sequence[BeginRequest | None]) -> bool:
