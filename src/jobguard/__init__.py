@@ -13,6 +13,7 @@ from jobguard.exceptions import (
     EnqueueError,
     Fatal,
     GuardLost,
+    HardTimeLimitExceeded,
     JobGuardError,
     KeyTemplateError,
     LeaseLostError,
@@ -42,6 +43,7 @@ from jobguard.models import (
 )
 from jobguard.schedule import Schedule
 from jobguard.scheduler import Scheduler
+from jobguard.supervisor import ProcessWorker
 from jobguard.task import Task
 from jobguard.worker import Worker
 
@@ -58,6 +60,7 @@ __all__ = [
     "EnqueueError",
     "Fatal",
     "GuardLost",
+    "HardTimeLimitExceeded",
     "HookChain",
     "Hooks",
     "Job",
@@ -72,6 +75,7 @@ __all__ = [
     "OperationStatus",
     "Outcome",
     "PayloadError",
+    "ProcessWorker",
     "ReplayReport",
     "Retry",
     "Schedule",

@@ -120,6 +120,14 @@ class WorkerFailedError(JobGuardError):
     """The worker stopped taking work because a part it relies on (the heartbeat) failed."""
 
 
+class HardTimeLimitExceeded(JobGuardError, TimeoutError):
+    """A run passed its hard time limit and its process was killed (process mode).
+
+    Recorded as the attempt's error; a timeout is transient, so the job is retried up to its
+    ``max_attempts`` (its committed steps are kept) and then buried.
+    """
+
+
 class HandlerDecision(JobGuardError):
     """Base for exceptions a handler raises to decide the job's next step explicitly."""
 

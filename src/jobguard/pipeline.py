@@ -27,7 +27,7 @@ import time
 import traceback
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jobguard.backends.base import (
     Backend,
@@ -56,6 +56,17 @@ if TYPE_CHECKING:
 RunAsync = Callable[[Coroutine[Any, Any, Any]], Any]
 
 
+class RunWatch(Protocol):
+    """Told when a handler starts and stops running (a process worker's slot reports it to the
+    supervisor, which enforces hard time limits from it)."""
+
+    def handler_started(self, inflight: InFlight) -> None:
+        """The handler of ``inflight`` is about to be called (its lock, if any, is held)."""
+
+    def handler_ended(self, inflight: InFlight) -> None:
+        """The handler of ``inflight`` returned or raised (its ending is not written yet)."""
+
+
 def guard_of(delivery: Delivery) -> Guard:
     """The guard of a fresh delivery (no lock yet)."""
     return Guard(
@@ -81,6 +92,7 @@ class Pipeline:
         hooks: Hooks,
         rng: random.Random | None = None,
         run_async: RunAsync | None = None,
+        watch: RunWatch | None = None,
     ) -> None:
         self.backend = backend
         self.tasks = tasks
@@ -89,6 +101,7 @@ class Pipeline:
         self.rng = rng or random.Random()
         # Where coroutines of async handlers run: the worker's event loop thread.
         self.run_async = run_async
+        self.watch = watch
 
     def run(self, inflight: InFlight) -> Ending:
         """Run the delivery and return how it ends (not written: see :meth:`QueuePort.settle`).
@@ -226,13 +239,13 @@ class Pipeline:
         )
         inflight.context = ctx
         try:
-            value = self._call(task, ctx, arguments)
+            value = self._watched(inflight, task, ctx, arguments)
         except GuardLost:
             raise
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             # sys.exit() or argparse in a handler ends that job as a failure (retried or buried
             # by its rules), never the handler thread: the slot keeps working.
-            return self._failed(inflight, task, ctx, exc, started)
+            return self._failed(inflight, task, exc, self._closing(inflight, started, ctx))
         try:
             if too_deep(value):
                 raise ValueError(f"it nests deeper than {MAX_NESTING} levels")
@@ -240,7 +253,7 @@ class Pipeline:
         except (TypeError, ValueError) as exc:
             # A programming error that every rerun repeats: never retry it (its steps are kept).
             unjsonable = Fatal(f"the handler returned a value that is not JSON: {exc}")
-            return self._failed(inflight, task, ctx, unjsonable, started)
+            return self._failed(inflight, task, unjsonable, self._closing(inflight, started, ctx))
         return Ending(
             inflight.guard,
             self._closing(inflight, started, ctx),
@@ -249,6 +262,18 @@ class Pipeline:
             result_json=result_json,
             external_ref=ctx.external_ref,
         )
+
+    def _watched(
+        self, inflight: InFlight, task: Task, ctx: Context, arguments: dict[str, Any]
+    ) -> Any:
+        """Run the handler, telling the watch (if any) when it starts and when it stops."""
+        if self.watch is None:
+            return self._call(task, ctx, arguments)
+        self.watch.handler_started(inflight)
+        try:
+            return self._call(task, ctx, arguments)
+        finally:
+            self.watch.handler_ended(inflight)
 
     def _call(self, task: Task, ctx: Context, arguments: dict[str, Any]) -> Any:
         """Run the handler; a coroutine (an async handler's) is awaited on the worker's loop."""
@@ -279,13 +304,19 @@ class Pipeline:
             error=ErrorInfo(type="ResourceBusy", message=reason),
         )
 
+    def stopped(self, inflight: InFlight, exc: BaseException, duration_s: float) -> Ending:
+        """How a run stopped from outside ends (its process killed at its hard time limit):
+        as a failure with ``exc``, retried or buried by the task's rules."""
+        inflight.closing = True
+        closing = Closing(duration_s)
+        task = self.tasks.get(inflight.delivery.task)
+        if task is None:  # it ran, so its task was known where it ran: not here
+            reason = f"unknown task {inflight.delivery.task!r}"
+            return self._bury_unrunnable(inflight, reason, time.monotonic() - duration_s)
+        return self._failed(inflight, task, exc, closing)
+
     def _failed(
-        self,
-        inflight: InFlight,
-        task: Task,
-        ctx: Context,
-        exc: BaseException,
-        started: float,
+        self, inflight: InFlight, task: Task, exc: BaseException, closing: Closing
     ) -> Ending:
         delivery = inflight.delivery
         signature = error_signature(exc)
@@ -307,7 +338,6 @@ class Pipeline:
             signature=signature,
             same_count=same,
         )
-        closing = self._closing(inflight, started, ctx)
         if decision.verdict is Verdict.RETRY:
             return Ending(
                 inflight.guard,

@@ -42,7 +42,7 @@ from jobguard.exceptions import (
 )
 from jobguard.heartbeat import Heartbeat
 from jobguard.models import Outcome
-from jobguard.pipeline import Pipeline, lost
+from jobguard.pipeline import Pipeline, RunWatch, lost
 from jobguard.process import on_stop_signals
 from jobguard.scheduler import Scheduler
 from jobguard.settler import Settler
@@ -129,6 +129,8 @@ class Worker:
             seconds (at most every minute); operation records and steps are kept.
         schedule: Also run a scheduler thread that enqueues the ticks of the app's schedules
             (``@app.periodic``); any number of workers may do so at once.
+        watch: Told when each handler starts and stops (a process worker's slot reports this
+            to its supervisor, which enforces hard time limits).
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class Worker:
         install_signal_handlers: bool = True,
         retention_s: float | None = None,
         schedule: bool = False,
+        watch: RunWatch | None = None,
     ) -> None:
         self.concurrency = checks.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
         self.prefetch = (
@@ -179,7 +182,12 @@ class Worker:
         self._stopping = threading.Event()
         self._loop = EventLoopThread()
         self._pipeline = Pipeline(
-            app.backend, app.tasks, self.worker_id, app.hooks, run_async=self._loop.run
+            app.backend,
+            app.tasks,
+            self.worker_id,
+            app.hooks,
+            run_async=self._loop.run,
+            watch=watch,
         )
         self._settler = Settler(
             app.backend, self._pipeline, app.hooks, counted=self.stats.count, done=self._done

@@ -88,3 +88,12 @@ def lease_overdue(elapsed_s: float, period_s: float) -> str:
         f"lease not renewed for {elapsed_s:.1f}s, its whole length of {period_s:g}s (store "
         "unreachable or not answering): it may have expired and gone to another worker"
     )
+
+
+def hard_limit_passed(running_s: float, limit_s: float | None) -> str:
+    """Why a run was killed: it passed its hard time limit (process mode)."""
+    limit = f"time_limit_s={limit_s:g}" if limit_s is not None else "its hard time limit"
+    return (
+        f"the handler ran {running_s:.1f}s, past {limit}: its worker process was killed "
+        "(SIGKILL) and replaced"
+    )

@@ -1,0 +1,147 @@
+"""The process worker (``jobguard worker --processes N``) under real signals (#17).
+
+Each slot is a child process of the supervisor. A slot SIGKILLed from outside is replaced and
+its job recovered with its ``db_step`` effect written once; SIGTERM stops the slots gracefully
+(a running job finishes within ``--grace-s``, or is released uncharged after it). Real
+processes on both backends; the tests wait on the handlers' own events, never on time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobguard import App, JobStatus, Outcome
+from tests.support import procs_app
+from tests.support.procs import clean_env, entry_point, wait_until
+
+pytestmark = pytest.mark.chaos
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.support.procs_app:app"
+
+
+class Supervisor:
+    """``jobguard worker --processes N`` in a process of its own."""
+
+    def __init__(self, url: str, *args: str) -> None:
+        env = clean_env()
+        env[procs_app.URL_ENV] = url
+        env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        self.popen = subprocess.Popen(
+            [*entry_point(), "--app", APP, "worker", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def slots(self) -> set[int]:
+        """The process ids of its live slots (its children)."""
+        path = Path(f"/proc/{self.popen.pid}/task/{self.popen.pid}/children")
+        return {int(pid) for pid in path.read_text().split()} if path.exists() else set()
+
+    def stop(self, timeout_s: float = 30.0) -> tuple[int, str]:
+        """SIGTERM, wait; its exit code and what it printed."""
+        self.popen.send_signal(signal.SIGTERM)
+        return self.wait(timeout_s)
+
+    def wait(self, timeout_s: float = 30.0) -> tuple[int, str]:
+        """Wait for it to exit; its exit code and what it printed."""
+        _, err = self.popen.communicate(timeout=timeout_s)
+        return self.popen.returncode, err
+
+    def kill(self) -> None:
+        """Make sure it and its slots are gone (whatever the test did)."""
+        if self.popen.poll() is None:
+            for pid in self.slots():
+                os.kill(pid, signal.SIGKILL)
+            self.popen.kill()
+        self.popen.communicate(timeout=10)
+
+
+@pytest.fixture
+def papp(store_url: str) -> Iterator[App]:
+    """The producer side of ``procs_app`` (schema and charges table made before any worker)."""
+    application = procs_app.make_app(store_url)
+    _ = application.backend
+    procs_app.create_charges(store_url)
+    yield application
+    application.close()
+
+
+def _ended(app: App, job_ids: list[int]) -> bool:
+    return all(app.get_job(job_id).status is JobStatus.COMPLETED for job_id in job_ids)
+
+
+def test_a_slot_killed_from_outside_is_replaced_and_its_job_charged_once(
+    store_url: str, papp: App
+) -> None:
+    task = papp.tasks[procs_app.CHARGE]
+    first = task.enqueue(order=1, hold=True)
+    others = [task.enqueue(order=n) for n in (2, 3)]
+    worker = Supervisor(store_url, "--processes", "2", "--grace-s", "5")
+    try:
+        wait_until(lambda: len(procs_app.events(store_url, "charged")) == 1)
+        (charged,) = procs_app.events(store_url, "charged")
+        assert charged["order"] == 1
+        victim = charged["pid"]
+        assert victim in worker.slots()
+        os.kill(victim, signal.SIGKILL)
+        procs_app.let_go(store_url, 1)
+        wait_until(lambda: _ended(papp, [first.id] + [job.id for job in others]), 60)
+        # The supervisor replaced the dead slot: two slots again, the victim not among them.
+        wait_until(lambda: len(worker.slots()) == 2)
+        assert victim not in worker.slots()
+        code, err = worker.stop()
+    finally:
+        worker.kill()
+    assert code == 0, err
+    assert "died (exit -9) running job" in err
+    assert procs_app.charges(store_url) == {1: 1, 2: 1, 3: 1}
+    outcomes = [a.outcome for a in papp.attempts(job_id=first.id)]
+    assert outcomes[0] is Outcome.LOST
+    assert outcomes[-1] is Outcome.COMPLETED
+    # Another slot ran it again, and its db_step found the charge the killed run committed.
+    runs = [e for e in procs_app.events(store_url, "start") if e["order"] == 1]
+    assert runs[-1]["pid"] != victim
+
+
+def test_sigterm_lets_the_running_job_of_each_slot_finish(store_url: str, papp: App) -> None:
+    task = papp.tasks[procs_app.CHARGE]
+    job = task.enqueue(order=1, hold=True)
+    worker = Supervisor(store_url, "--processes", "2", "--grace-s", "30")
+    try:
+        wait_until(lambda: len(procs_app.events(store_url, "charged")) == 1)
+        worker.popen.send_signal(signal.SIGTERM)
+        procs_app.let_go(store_url, 1)
+        code, err = worker.wait()
+    finally:
+        worker.kill()
+    assert code == 0, err
+    assert papp.get_job(job.id).status is JobStatus.COMPLETED
+    assert "worker stopped: completed=1; released 0" in err
+
+
+def test_a_job_still_running_after_the_grace_is_released_uncharged(
+    store_url: str, papp: App
+) -> None:
+    job = papp.tasks[procs_app.CHARGE].enqueue(order=1, hold=True)
+    worker = Supervisor(store_url, "--processes", "1", "--grace-s", "0.2")
+    try:
+        wait_until(lambda: len(procs_app.events(store_url, "charged")) == 1)
+        code, err = worker.stop()
+    finally:
+        worker.kill()
+    assert code == 0, err
+    assert "released 1" in err
+    stored = papp.get_job(job.id)
+    assert stored.status is JobStatus.QUEUED
+    assert stored.attempts == 0
+    assert [a.outcome for a in papp.attempts(job_id=job.id)] == [Outcome.RELEASED]
