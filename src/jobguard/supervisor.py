@@ -82,11 +82,6 @@ class SlotRun:
     time_limit_s: float | None
 
 
-def hard_limit_s(delivery: Delivery) -> float | None:
-    """The hard time limit of a delivery's run, in seconds (None: no limit)."""
-    return None
-
-
 def _nothing() -> None:
     """Nothing to undo (no signal handlers were installed)."""
 
@@ -132,6 +127,8 @@ class ProcessWorker:
         install_signal_handlers: Handle SIGTERM/SIGINT when run on the main thread.
         retention_s: If set, slot 0 prunes completed jobs as a thread worker does.
         schedule: Slot 0 also enqueues the ticks of the app's schedules.
+        time_limit_s: The hard time limit of every run: a slot whose handler runs longer is
+            killed and replaced, and the attempt settled as timed out (``None``: no limit).
     """
 
     def __init__(
@@ -146,11 +143,13 @@ class ProcessWorker:
         install_signal_handlers: bool = True,
         retention_s: float | None = None,
         schedule: bool = False,
+        time_limit_s: float | None = None,
     ) -> None:
         self.processes = checks.integer("processes", processes, 1, MAX_PROCESSES)
         self.grace_s = checks.seconds("grace_s", grace_s)
         self.poll_interval_s = checks.seconds("poll_interval_s", poll_interval_s, positive=True)
         self.retention_s = checks.optional_seconds("retention_s", retention_s)
+        self.time_limit_s = checks.optional_seconds("time_limit_s", time_limit_s, positive=True)
         self.worker_id = checks.optional_text("worker_id", worker_id) or default_process_id()
         self.app = app
         self.queues = [check_queue_name(q) for q in (queues or app.queues())]
@@ -190,11 +189,15 @@ class ProcessWorker:
                 slot.run.delivery.attempt,
                 slot.run.delivery.task,
                 now - slot.run.started_at,
-                hard_limit_s(slot.run.delivery),
+                self.hard_limit_s(slot.run.delivery),
             )
             for slot in self._slots
             if slot.run is not None
         ]
+
+    def hard_limit_s(self, delivery: Delivery) -> float | None:
+        """The hard time limit of a delivery's run, in seconds (``None``: no limit)."""
+        return self.time_limit_s
 
     def run(self, burst: bool = False) -> WorkerStats:
         """Supervise the slots until stopped; with ``burst=True`` until every slot found
@@ -259,7 +262,7 @@ class ProcessWorker:
     def _heard(self, slot: _Slot, message: object) -> None:
         if isinstance(message, Began):
             slot.run = message
-            limit_s = hard_limit_s(message.delivery)
+            limit_s = self.hard_limit_s(message.delivery)
             slot.deadline = None if limit_s is None else message.started_at + limit_s
             slot.quick_deaths = 0  # it got as far as running a job: not a crash loop of slots
         elif isinstance(message, Ended):
@@ -417,7 +420,7 @@ class ProcessWorker:
         return True
 
     def _settle_timeout(self, run: Began, running_s: float) -> None:
-        limit_s = hard_limit_s(run.delivery)
+        limit_s = self.hard_limit_s(run.delivery)
         inflight = InFlight(run.delivery, run.guard, run.lock_ttl_s)
         pipeline = Pipeline(self.app.backend, self.app.tasks, run.worker_id, self.app.hooks)
         settler = Settler(

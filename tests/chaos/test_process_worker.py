@@ -145,3 +145,62 @@ def test_a_job_still_running_after_the_grace_is_released_uncharged(
     assert stored.status is JobStatus.QUEUED
     assert stored.attempts == 0
     assert [a.outcome for a in papp.attempts(job_id=job.id)] == [Outcome.RELEASED]
+
+
+def _charged(url: str, order: int) -> list[dict[str, object]]:
+    return [e for e in procs_app.events(url, "charged") if e["order"] == order]
+
+
+def test_a_run_blocked_forever_is_killed_at_its_hard_limit_and_its_lock_freed(
+    store_url: str, papp: App
+) -> None:
+    task = papp.tasks[procs_app.CHARGE]
+    stuck = task.enqueue(order=1, hang_attempts=1)  # blocks on a socket on its first delivery
+    worker = Supervisor(store_url, "--processes", "2", "--time-limit-s", "2")
+    try:
+        wait_until(lambda: len(_charged(store_url, 1)) == 1)
+        (killed,) = _charged(store_url, 1)
+        # The next job on the same account: it waits for the lock the stuck run holds.
+        follower = task.enqueue(order=2)
+        wait_until(lambda: _ended(papp, [stuck.id, follower.id]), 60)
+        assert killed["pid"] not in worker.slots()
+        wait_until(lambda: len(worker.slots()) == 2)  # the killed slot was replaced
+        code, err = worker.stop()
+    finally:
+        worker.kill()
+    assert code == 0, err
+    assert "past its hard time limit" in err
+    timed_out = papp.attempts(job_id=stuck.id)[0]
+    assert timed_out.outcome is Outcome.RETRY
+    assert timed_out.error_type == "HardTimeLimitExceeded"
+    assert timed_out.fence == killed["fence"]
+    assert timed_out.duration_s is not None
+    assert timed_out.duration_s >= 2.0  # killed at its limit, not before
+    assert papp.attempts(job_id=stuck.id)[-1].outcome is Outcome.COMPLETED
+    # Each order charged once: the retry found the charge the killed run had committed.
+    assert procs_app.charges(store_url) == {1: 1, 2: 1}
+    # Every run on the account after the kill held the lock with a larger fence.
+    later = [e for e in procs_app.events(store_url, "start") if e["t"] > killed["t"]]
+    assert later
+    assert all(e["fence"] > killed["fence"] for e in later)
+
+
+def test_a_job_that_times_out_on_every_delivery_is_buried_with_its_attempts_exhausted(
+    store_url: str, papp: App
+) -> None:
+    job = papp.tasks[procs_app.CHARGE].enqueue(order=1, hang_attempts=procs_app.MAX_ATTEMPTS)
+    worker = Supervisor(store_url, "--processes", "1", "--time-limit-s", "0.5")
+    try:
+        wait_until(lambda: papp.get_job(job.id).status is JobStatus.DEAD, 60)
+        code, err = worker.stop()
+    finally:
+        worker.kill()
+    assert code == 0, err
+    attempts = papp.attempts(job_id=job.id)
+    assert [a.outcome for a in attempts] == [Outcome.RETRY, Outcome.RETRY, Outcome.DEAD]
+    assert {a.error_type for a in attempts} == {"HardTimeLimitExceeded"}
+    dead = papp.get_job(job.id)
+    assert dead.attempts == procs_app.MAX_ATTEMPTS
+    assert dead.dead_reason is not None
+    assert "attempts exhausted" in dead.dead_reason
+    assert procs_app.charges(store_url) == {1: 1}

@@ -10,6 +10,7 @@ from jobguard.app import App
 from jobguard.cli.jobs_cmd import SECONDS
 from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
+from jobguard.core import checks
 from jobguard.hooks import HookChain, Hooks
 from jobguard.process import ignore_stop_signals
 from jobguard.supervisor import MAX_PROCESSES, ProcessWorker
@@ -72,6 +73,13 @@ def _threads_only(ctx: click.Context, *names: str) -> None:
     "instead of --concurrency threads.",
 )
 @click.option(
+    "--time-limit-s",
+    default=None,
+    type=click.FloatRange(0, checks.MAX_DURATION_S, min_open=True),
+    help="Hard limit of every run: the slot running longer is killed and replaced, the attempt "
+    "timed out (needs --processes).",
+)
+@click.option(
     "--prefetch",
     default=None,
     type=click.IntRange(0, MAX_PREFETCH),
@@ -116,6 +124,7 @@ def worker(
     queues: str,
     concurrency: int,
     processes: int | None,
+    time_limit_s: float | None,
     prefetch: int | None,
     grace_s: float,
     burst: bool,
@@ -139,10 +148,15 @@ def worker(
     }
     runner: Worker | ProcessWorker
     if processes is None:
+        if time_limit_s is not None:
+            raise click.UsageError(
+                "--time-limit-s is a hard limit, which needs --processes: a thread cannot be "
+                "stopped from outside"
+            )
         runner = app.worker(names, concurrency=concurrency, prefetch=prefetch, **shared)
     else:
         _threads_only(click.get_current_context(), "concurrency", "prefetch")
-        runner = app.process_worker(names, processes=processes, **shared)
+        runner = app.process_worker(names, processes=processes, time_limit_s=time_limit_s, **shared)
     # For the rest of the process's life: Worker.run installs its own handlers only while it
     # runs, and a signal before (while the store opens) or after (while the process exits)
     # would otherwise kill the process mid-way.
