@@ -59,6 +59,20 @@ class Outcome(StoredEnum):
     LOST = "lost"
     LEASE_REFUSED = "lease_refused"
     FENCE_REFUSED = "fence_refused"
+    TIMED_OUT = "timed_out"  # ran past its soft time limit; retried as a transient failure
+
+
+# Deliveries that did not do their work: the dashboard draws them as failures, traces mark them.
+UNSUCCESSFUL_OUTCOMES = frozenset(
+    {
+        Outcome.RETRY,
+        Outcome.TIMED_OUT,
+        Outcome.DEAD,
+        Outcome.LOST,
+        Outcome.LEASE_REFUSED,
+        Outcome.FENCE_REFUSED,
+    }
+)
 
 
 class DeadCode(StoredEnum):
@@ -70,6 +84,7 @@ class DeadCode(StoredEnum):
     UNRUNNABLE = "unrunnable"  # unknown task or a payload the handler cannot take
     LOST = "lost"  # the last allowed delivery never reported back (its worker died)
     WAITED = "waited"  # waited for a busy resource longer than allowed
+    CANCELLED = "cancelled"  # an operator cancelled it (app.cancel, jobguard cancel, dashboard)
 
 
 class BusyReason(StrEnum):
@@ -108,6 +123,10 @@ class JobSpec:
     dedup_window_s: float = 0.0
     headers: str | None = None
     """Context carried with the job (a JSON object as text), e.g. the enqueuer's trace."""
+    soft_time_limit_s: float | None = None
+    """Run time after which the handler is told to stop (``None``: no limit)."""
+    time_limit_s: float | None = None
+    """Run time after which the run is stopped (process mode only; ``None``: no limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +154,12 @@ class Job:
     dead_reason: str | None
     dead_code: DeadCode | None = None
     headers: str | None = None
+    soft_time_limit_s: float | None = None
+    time_limit_s: float | None = None
+    cancel_requested_at: float | None = None
+    """When a cancel was asked of this job while it ran (``None``: never)."""
+    cancel_requested_by: str | None = None
+    """Who asked for that cancel."""
     deduplicated: bool = False
     """True when enqueue returned an existing job instead of storing a new one (G6.1)."""
 
@@ -161,6 +186,10 @@ class Delivery:
     error_signature: str | None
     same_error_count: int
     headers: str | None = None
+    soft_time_limit_s: float | None = None
+    time_limit_s: float | None = None
+    cancel_requested_by: str | None = None
+    """Set when a cancel was asked before this lease began: the job is not run."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,13 @@
 """One slot of a process worker: a child process that runs one job at a time.
 
-The slot is an ordinary :class:`~jobguard.worker.Worker` (one handler thread, nothing
-prefetched), so it keeps every guarantee of one: its leases are renewed by its own heartbeat,
+The slot is a :class:`~jobguard.worker.Worker` (one handler thread, nothing prefetched), so it
+keeps every guarantee of one: its leases are renewed by its own heartbeat,
 its writes prove their fence, a crash-loop suspect runs alone (one job at a time, in a process
 of its own), and every ending goes through its settler. What the slot adds is a report to its
 supervisor over a pipe: which delivery its handler runs, under which guard, since when
-(:class:`Began`, :class:`Ended`), and how it stopped (:class:`Exited`). The supervisor sends
+(:class:`Began`, :class:`Ended`), a run told to stop that did not (:class:`GiveUp`: the
+supervisor kills it, where a thread worker would leave it running on a thread), and how it
+stopped (:class:`Exited`). The supervisor sends
 back when to stop (:data:`STOP`, :data:`STOP_NOW`); the slot ignores SIGTERM and SIGINT, which
 a process group or a terminal would also send it, so that one signal to the worker is one
 graceful stop, not two.
@@ -22,10 +24,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from jobguard.context import InFlight
-from jobguard.exceptions import StoreBrokenError
+from jobguard.exceptions import RunStopped, StoreBrokenError
 from jobguard.models import Delivery, Guard, Outcome
 from jobguard.worker import Worker, WorkerHost
 
@@ -63,6 +65,15 @@ class Ended:
     """The handler of this attempt returned or raised (its ending is written after this)."""
 
     attempt_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """A run told to stop (past its soft limit, or cancelled) did not end in time: the slot
+    asks its supervisor to kill it and write its ending, as ``reason`` says."""
+
+    attempt_id: int
+    reason: RunStopped
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +132,36 @@ class _Reporter:
             self._conn.send(message)
 
 
+class SlotWorker(Worker):
+    """The worker of a slot: its supervisor kills a run at its hard time limit, so it takes
+    tasks that have one; and a run it would give up on is killed rather than left running on
+    a thread of its own."""
+
+    enforces_hard_limits = True
+
+    def __init__(
+        self, app: WorkerHost, queues: list[str], reporter: _Reporter, **options: Any
+    ) -> None:
+        super().__init__(app, queues, watch=reporter, **options)
+        self._reporter = reporter
+        self._asked: set[int] = set()
+
+    def _abandon(self, item: InFlight) -> None:
+        """A run told to stop did not end: ask the supervisor to kill this process and write
+        its ending (a thread cannot be stopped; a process can). Its lease is renewed until
+        then, so that ending is still this delivery's to write."""
+        attempt_id = item.delivery.attempt_id
+        if item.stop_reason is None or attempt_id in self._asked:
+            return
+        self._asked.add(attempt_id)
+        log.warning(
+            "job %s: %s; its handler did not stop, asking for its process to be killed",
+            item.delivery.job_id,
+            item.stop_reason,
+        )
+        self._reporter.send(GiveUp(attempt_id, item.stop_reason))
+
+
 def _obey(conn: Connection, worker: Worker) -> None:
     """Carry out the supervisor's orders; its end closing (it died) stops us gracefully."""
     while True:
@@ -147,9 +188,10 @@ def run_slot(app: WorkerHost, spec: SlotSpec, conn: Connection, inherited: list[
     try:
         worker_id = f"{spec.worker_id}:{os.getpid()}"
         reporter = _Reporter(conn, worker_id)
-        worker = Worker(
+        worker = SlotWorker(
             app,
             spec.queues,
+            reporter,
             concurrency=1,
             prefetch=0,
             grace_s=spec.grace_s,
@@ -159,7 +201,6 @@ def run_slot(app: WorkerHost, spec: SlotSpec, conn: Connection, inherited: list[
             install_signal_handlers=False,
             retention_s=spec.retention_s,
             schedule=spec.schedule,
-            watch=reporter,
         )
         threading.Thread(
             target=_obey, args=(conn, worker), name="jobguard-slot-orders", daemon=True

@@ -37,6 +37,7 @@ from jobguard.exceptions import (
     ConfigurationError,
     HardTimeLimitExceeded,
     JobGuardError,
+    RunStopped,
     StoreBrokenError,
     WorkerFailedError,
 )
@@ -44,7 +45,17 @@ from jobguard.models import Delivery
 from jobguard.pipeline import Pipeline
 from jobguard.process import default_process_id, on_stop_signals
 from jobguard.settler import Settler
-from jobguard.slots import STOP, STOP_NOW, STOP_SIGNALS, Began, Ended, Exited, SlotSpec, run_slot
+from jobguard.slots import (
+    STOP,
+    STOP_NOW,
+    STOP_SIGNALS,
+    Began,
+    Ended,
+    Exited,
+    GiveUp,
+    SlotSpec,
+    run_slot,
+)
 from jobguard.task import check_queue_name
 from jobguard.worker import WorkerHost, WorkerStats
 
@@ -95,6 +106,7 @@ class _Slot:
         self.conn: Connection | None = None
         self.run: Began | None = None
         self.deadline: float | None = None  # monotonic; when the run passes its hard limit
+        self.give_up: RunStopped | None = None  # the run was told to stop and did not
         self.born = 0.0
         self.restart_at = 0.0
         self.quick_deaths = 0
@@ -196,7 +208,10 @@ class ProcessWorker:
         ]
 
     def hard_limit_s(self, delivery: Delivery) -> float | None:
-        """The hard time limit of a delivery's run, in seconds (``None``: no limit)."""
+        """The hard time limit of a delivery's run, in seconds: the job's own
+        (``time_limit_s`` of its task or call), else this worker's (``None``: no limit)."""
+        if delivery.time_limit_s is not None:
+            return delivery.time_limit_s
         return self.time_limit_s
 
     def run(self, burst: bool = False) -> WorkerStats:
@@ -261,13 +276,16 @@ class ProcessWorker:
 
     def _heard(self, slot: _Slot, message: object) -> None:
         if isinstance(message, Began):
-            slot.run = message
+            slot.run, slot.give_up = message, None
             limit_s = self.hard_limit_s(message.delivery)
             slot.deadline = None if limit_s is None else message.started_at + limit_s
             slot.quick_deaths = 0  # it got as far as running a job: not a crash loop of slots
         elif isinstance(message, Ended):
             if slot.run is not None and slot.run.guard.attempt_id == message.attempt_id:
-                slot.run, slot.deadline = None, None
+                slot.run, slot.deadline, slot.give_up = None, None, None
+        elif isinstance(message, GiveUp):
+            if slot.run is not None and slot.run.guard.attempt_id == message.attempt_id:
+                slot.give_up = message.reason  # killed by the loop, not in the middle of a read
         elif isinstance(message, Exited):
             self._count(message)
 
@@ -390,19 +408,28 @@ class ProcessWorker:
     def _enforce_limits(self) -> None:
         now = time.monotonic()
         for slot in self._slots:
+            if slot.run is None:
+                continue
             if slot.deadline is not None and now >= slot.deadline:
-                self.time_out(slot.index)
+                limit_s = self.hard_limit_s(slot.run.delivery)
+                running_s = now - slot.run.started_at
+                self._stop_run(
+                    slot,
+                    HardTimeLimitExceeded(
+                        messages.hard_limit_passed(slot.run.delivery.job_id, running_s, limit_s)
+                    ),
+                )
+            elif slot.give_up is not None:
+                self._stop_run(slot, slot.give_up)
 
-    def time_out(self, index: int) -> bool:
-        """Kill slot ``index`` for the run it has and settle that run as timed out; whether it
-        was (False: the slot had no run, or its handler ended before it was killed)."""
-        slot = self._slots[index]
+    def _stop_run(self, slot: _Slot, reason: RunStopped) -> bool:
+        """Kill the slot for the run it has and write that run's ending as ``reason`` says;
+        whether it did (False: the handler ended before it was killed)."""
         run, process, conn = slot.run, slot.process, slot.conn
         if run is None or process is None or conn is None:
             return False
         process.kill()
         process.join(REAP_WAIT_S)
-        running_s = time.monotonic() - run.started_at
         ended = False
         with contextlib.suppress(EOFError, OSError):  # read up to its pipe's end
             while conn.poll():
@@ -411,17 +438,20 @@ class ProcessWorker:
                     ended = True  # done before the kill: its ending is its own (or its lease's)
                 elif isinstance(message, Exited):
                     self._count(message)
-        slot.run, slot.deadline = None, None
+        slot.run, slot.deadline, slot.give_up = None, None, None
         self._reap(slot)
         slot.restart_at = time.monotonic()  # killed for its job, not a slot that cannot start
         if ended:
             return False
-        self._settle_timeout(run, running_s)
+        self._settle_stopped(run, reason)
         return True
 
-    def _settle_timeout(self, run: Began, running_s: float) -> None:
-        limit_s = self.hard_limit_s(run.delivery)
+    def _settle_stopped(self, run: Began, reason: RunStopped) -> None:
+        """Write the ending of a run killed for ``reason``: through the settle every ending
+        goes through, with the killed run's lease and lock grant, which nobody renews now."""
         inflight = InFlight(run.delivery, run.guard, run.lock_ttl_s)
+        inflight.run_started = run.started_at  # one monotonic clock for the host's processes
+        inflight.stop(reason)
         pipeline = Pipeline(self.app.backend, self.app.tasks, run.worker_id, self.app.hooks)
         settler = Settler(
             self.app.backend,
@@ -430,15 +460,12 @@ class ProcessWorker:
             counted=self.stats.count,
             done=lambda _: None,
         )
-        exc = HardTimeLimitExceeded(messages.hard_limit_passed(running_s, limit_s))
         try:
-            (final,) = settler.settle([(inflight, pipeline.stopped(inflight, exc, running_s))])
+            ending = pipeline.stopped(inflight, self.app.tasks.get(run.delivery.task))
+            (final,) = settler.settle([(inflight, ending)])
         except JobGuardError as error:  # the store failed: the job is left to its lease
             self.app.hooks.store_error("settle", error)
             return
         log.warning(
-            "job %s: killed after %.1fs, past its hard time limit; %s",
-            run.delivery.job_id,
-            running_s,
-            final.outcome,
+            "job %s: its process was killed: %s; %s", run.delivery.job_id, reason, final.outcome
         )

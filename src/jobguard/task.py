@@ -98,6 +98,8 @@ class CallOptions:
     queue: str | None = None
     operation_key: str | None = None
     resource_key: str | None = None
+    soft_time_limit_s: float | None = None
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         """Refuse NaN, infinity, negative, out-of-range and non-numeric values, naming them."""
@@ -106,8 +108,25 @@ class CallOptions:
         set_field(
             self, "dedup_window_s", checks.optional_seconds("dedup_window_s", self.dedup_window_s)
         )
+        soft, hard = check_time_limits(self.soft_time_limit_s, self.time_limit_s)
+        set_field(self, "soft_time_limit_s", soft)
+        set_field(self, "time_limit_s", hard)
         if self.priority is not None:
             set_field(self, "priority", checks.priority("priority", self.priority))
+
+
+def check_time_limits(soft: Any, hard: Any) -> tuple[float | None, float | None]:
+    """A soft and a hard run-time limit: each ``None`` or a positive finite number of
+    seconds, and the soft one below the hard one when both are given (the handler is told
+    before it is stopped)."""
+    soft = checks.optional_seconds("soft_time_limit_s", soft, positive=True)
+    hard = checks.optional_seconds("time_limit_s", hard, positive=True)
+    if soft is not None and hard is not None and soft >= hard:
+        raise ConfigurationError(
+            f"soft_time_limit_s ({soft:g}) must be less than time_limit_s ({hard:g}): the "
+            "handler is told at the soft limit, before the hard one stops it"
+        )
+    return soft, hard
 
 
 def call_options(**options: Any) -> CallOptions:
@@ -160,6 +179,8 @@ class Task:
         lock_ttl_s: float,
         max_defer_s: float,
         dedup_window_s: float,
+        soft_time_limit_s: float | None = None,
+        time_limit_s: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
             raise ConfigurationError(f"task name {name!r} is not valid")
@@ -178,6 +199,12 @@ class Task:
         self.lock_ttl_s = checks.seconds("lock_ttl_s", lock_ttl_s, positive=True)
         self.max_defer_s = checks.seconds("max_defer_s", max_defer_s)
         self.dedup_window_s = checks.seconds("dedup_window_s", dedup_window_s)
+        try:
+            self.soft_time_limit_s, self.time_limit_s = check_time_limits(
+                soft_time_limit_s, time_limit_s
+            )
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"task {name!r}: {exc}") from exc
         try:
             self.signature = inspect.signature(fn)
         except (TypeError, ValueError) as exc:
@@ -231,6 +258,8 @@ class Task:
         queue: str | None = None,
         operation_key: str | None = None,
         resource_key: str | None = None,
+        soft_time_limit_s: float | None = None,
+        time_limit_s: float | None = None,
     ) -> BoundCall:
         """Per-call options, kept apart from the task's own arguments so names never clash.
 
@@ -243,6 +272,9 @@ class Task:
             queue: Override the task's queue.
             operation_key: A literal operation key for this call (instead of the template).
             resource_key: A literal resource key for this call (instead of the template).
+            soft_time_limit_s: This call's soft run-time limit (instead of the task's).
+            time_limit_s: This call's hard run-time limit (instead of the task's; enforced by
+                process-mode workers only).
         """
         return BoundCall(
             self,
@@ -254,6 +286,8 @@ class Task:
                 queue=queue,
                 operation_key=operation_key,
                 resource_key=resource_key,
+                soft_time_limit_s=soft_time_limit_s,
+                time_limit_s=time_limit_s,
             ),
         )
 
@@ -317,6 +351,13 @@ class Task:
         window = self.dedup_window_s if options.dedup_window_s is None else options.dedup_window_s
         # `is None`, not `or`: an explicit empty name must be refused, not defaulted.
         queue = check_queue_name(self.queue if options.queue is None else options.queue)
+        # Each limit of the call replaces the task's; the pair is checked again together.
+        soft, hard = check_time_limits(
+            self.soft_time_limit_s
+            if options.soft_time_limit_s is None
+            else options.soft_time_limit_s,
+            self.time_limit_s if options.time_limit_s is None else options.time_limit_s,
+        )
         return JobSpec(
             task=self.name,
             queue=queue,
@@ -331,6 +372,8 @@ class Task:
             lock_ttl_s=self.lock_ttl_s if resource_key else None,
             dedup_key=dedup_key,
             dedup_window_s=window,
+            soft_time_limit_s=soft,
+            time_limit_s=hard,
         )
 
 

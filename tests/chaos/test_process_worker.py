@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from jobguard import App, JobStatus, Outcome
+from jobguard.models import DeadCode
 from tests.support import procs_app
 from tests.support.procs import clean_env, entry_point, wait_until
 
@@ -155,8 +156,9 @@ def test_a_run_blocked_forever_is_killed_at_its_hard_limit_and_its_lock_freed(
     store_url: str, papp: App
 ) -> None:
     task = papp.tasks[procs_app.CHARGE]
-    stuck = task.enqueue(order=1, hang_attempts=1)  # blocks on a socket on its first delivery
-    worker = Supervisor(store_url, "--processes", "2", "--time-limit-s", "2")
+    # Blocks on a socket on its first delivery; a hard limit of its own, stored with the job.
+    stuck = task.options(time_limit_s=2.0).enqueue(order=1, hang_attempts=1)
+    worker = Supervisor(store_url, "--processes", "2")
     try:
         wait_until(lambda: len(_charged(store_url, 1)) == 1)
         (killed,) = _charged(store_url, 1)
@@ -171,7 +173,7 @@ def test_a_run_blocked_forever_is_killed_at_its_hard_limit_and_its_lock_freed(
     assert code == 0, err
     assert "past its hard time limit" in err
     timed_out = papp.attempts(job_id=stuck.id)[0]
-    assert timed_out.outcome is Outcome.RETRY
+    assert timed_out.outcome is Outcome.TIMED_OUT
     assert timed_out.error_type == "HardTimeLimitExceeded"
     assert timed_out.fence == killed["fence"]
     assert timed_out.duration_s is not None
@@ -197,10 +199,62 @@ def test_a_job_that_times_out_on_every_delivery_is_buried_with_its_attempts_exha
         worker.kill()
     assert code == 0, err
     attempts = papp.attempts(job_id=job.id)
-    assert [a.outcome for a in attempts] == [Outcome.RETRY, Outcome.RETRY, Outcome.DEAD]
+    assert [a.outcome for a in attempts] == [Outcome.TIMED_OUT] * procs_app.MAX_ATTEMPTS
     assert {a.error_type for a in attempts} == {"HardTimeLimitExceeded"}
     dead = papp.get_job(job.id)
+    assert dead.dead_code is DeadCode.EXHAUSTED
     assert dead.attempts == procs_app.MAX_ATTEMPTS
     assert dead.dead_reason is not None
     assert "attempts exhausted" in dead.dead_reason
     assert procs_app.charges(store_url) == {1: 1}
+
+
+def test_a_run_that_ignores_its_soft_limit_is_killed_after_the_soft_limits_chance(
+    store_url: str, papp: App
+) -> None:
+    # A soft limit of 0.5 s and a hard one of 30 s: told at its soft limit, the run blocked on
+    # a socket cannot listen; one heartbeat later the slot asks for it to be killed.
+    job = papp.tasks[procs_app.LIMITED].enqueue(order=1, hang_attempts=1)
+    worker = Supervisor(store_url, "--processes", "1")
+    try:
+        wait_until(lambda: len(_charged(store_url, 1)) == 1)
+        (killed,) = _charged(store_url, 1)
+        wait_until(lambda: papp.get_job(job.id).status is JobStatus.COMPLETED, 60)
+        assert killed["pid"] not in worker.slots()
+        code, err = worker.stop()
+    finally:
+        worker.kill()
+    assert code == 0, err
+    first = papp.attempts(job_id=job.id)[0]
+    assert first.outcome is Outcome.TIMED_OUT
+    assert first.error_type == "TimeLimitExceeded"
+    assert first.duration_s is not None
+    assert procs_app.SOFT_LIMIT_S <= first.duration_s < procs_app.HARD_LIMIT_S
+    assert procs_app.charges(store_url) == {1: 1}
+
+
+def test_a_cancelled_run_that_does_not_stop_is_killed_and_not_retried(
+    store_url: str, papp: App
+) -> None:
+    job = papp.tasks[procs_app.CHARGE].enqueue(order=1, hang_attempts=procs_app.MAX_ATTEMPTS)
+    worker = Supervisor(store_url, "--processes", "1")
+    try:
+        wait_until(lambda: len(_charged(store_url, 1)) == 1)
+        (killed,) = _charged(store_url, 1)
+        papp.cancel(job.id, actor="ops")
+        wait_until(lambda: papp.get_job(job.id).status is JobStatus.DEAD, 30)
+        wait_until(lambda: len(worker.slots()) == 1)  # replaced
+        assert killed["pid"] not in worker.slots()
+        follower = papp.tasks[procs_app.CHARGE].enqueue(order=2)
+        wait_until(lambda: _ended(papp, [follower.id]), 30)  # the account's lock was freed
+        code, err = worker.stop()
+    finally:
+        worker.kill()
+    assert code == 0, err
+    dead = papp.get_job(job.id)
+    assert dead.dead_code is DeadCode.CANCELLED
+    assert [a.outcome for a in papp.attempts(job_id=job.id)] == [Outcome.DEAD]
+    assert [e["pid"] for e in procs_app.events(store_url, "start") if e["order"] == 1] == [
+        killed["pid"]
+    ]
+    assert procs_app.charges(store_url) == {1: 1, 2: 1}

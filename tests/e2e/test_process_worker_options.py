@@ -48,6 +48,7 @@ def _worker(url: str, *args: str) -> subprocess.CompletedProcess[str]:
         (["--processes", "2", "--concurrency", "3"], "--concurrency"),
         (["--processes", "2", "--prefetch", "0"], "--prefetch"),
         (["--time-limit-s", "5"], "--time-limit-s"),  # a hard limit in thread mode
+        ([], procs_app.LIMITED),  # thread mode, and a task of the app has a hard limit
         (["--processes", "2", "--time-limit-s", "0"], "--time-limit-s"),
         (["--processes", "2", "--time-limit-s", "-1"], "--time-limit-s"),
         (["--processes", "2", "--time-limit-s", "nan"], "--time-limit-s"),

@@ -1,10 +1,11 @@
 """The app of the process-worker tests: ``--app tests.support.procs_app:app``, on the store
 named by the ``PROCS_URL`` environment variable.
 
-``charge(order, hang_attempts=0, hold=False)`` runs under the lock of the one resource
-``account`` (so its jobs run one after another), and records one charge row per run through
-``ctx.db_step`` (exactly once per order, whatever happens to the processes: the effect the
-tests count). Then:
+``charge(order, hang_attempts=0, hold=False)`` (and ``charge_limited``, the same handler with
+a soft and a hard time limit: only a process-mode worker takes this app) runs under the lock
+of the one resource ``account`` (so its jobs run one after another), and records one charge
+row per run through ``ctx.db_step`` (exactly once per order, whatever happens to the
+processes: the effect the tests count). Then:
 
 * on its first ``hang_attempts`` deliveries it blocks forever on a socket that never answers,
   as a handler calling a service without a timeout does;
@@ -27,6 +28,9 @@ from tests.support import jsonl_events, stores
 
 URL_ENV = "PROCS_URL"
 CHARGE = "charge"
+LIMITED = "charge_limited"  # the same handler, with a soft and a hard time limit of its own
+SOFT_LIMIT_S = 0.5
+HARD_LIMIT_S = 30.0
 LEASE_S = 1.0
 LOCK_TTL_S = 1.0
 MAX_ATTEMPTS = 3
@@ -78,14 +82,6 @@ def make_app(url: str) -> App:
     table = charges_table(url)
     insert = stores.dialect_sql(url, f"INSERT INTO {table} (order_no, fence) VALUES (?, ?)")
 
-    @app.task(
-        name=CHARGE,
-        resource_key="account",
-        operation_key="charge:{order}",
-        visibility_timeout_s=LEASE_S,
-        lock_ttl_s=LOCK_TTL_S,
-        max_attempts=MAX_ATTEMPTS,
-    )
     def charge(ctx: Context, order: int, hang_attempts: int = 0, hold: bool = False) -> None:
         def record(what: str) -> None:
             jsonl_events.append(
@@ -112,6 +108,17 @@ def make_app(url: str) -> App:
             time.sleep(0.01)
         record("done")
 
+    guarded: dict[str, Any] = {
+        "resource_key": "account",
+        "operation_key": "charge:{order}",
+        "visibility_timeout_s": LEASE_S,
+        "lock_ttl_s": LOCK_TTL_S,
+        "max_attempts": MAX_ATTEMPTS,
+    }
+    app.task(name=CHARGE, **guarded)(charge)
+    app.task(name=LIMITED, soft_time_limit_s=SOFT_LIMIT_S, time_limit_s=HARD_LIMIT_S, **guarded)(
+        charge
+    )
     return app
 
 

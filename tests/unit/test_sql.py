@@ -9,7 +9,7 @@ import re
 import pytest
 
 from jobguard.backends import _sql
-from jobguard.backends.sql import endings, leases, pauses, proofs, reads, store
+from jobguard.backends.sql import cancels, endings, leases, pauses, proofs, reads, store
 from jobguard.backends.sqlite.connection import split_statements
 
 
@@ -50,7 +50,7 @@ DRIVERS = ["jobguard.backends.sqlite", "jobguard.backends.postgres"]
 def test_every_query_the_store_uses_is_defined_and_every_defined_one_is_used(package: str) -> None:
     """No ``KeyError`` waiting in a rare code path, and no dead SQL in any driver's queries.sql."""
     defined = set(_sql.load_queries(package))
-    parts = (store, leases, proofs, endings, reads, pauses)
+    parts = (store, leases, proofs, endings, reads, pauses, cancels)
     parts = (*parts, importlib.import_module(package + ".driver"))
     source = "".join(inspect.getsource(part) for part in parts)
     used = set(re.findall(r'(?:one|all|run|_read_all)\(\s*"([a-z_0-9]+)"', source))

@@ -75,6 +75,7 @@ SETTLED_OUTCOMES = (
     | REFUSED_OUTCOMES
     | {
         Outcome.RETRY,
+        Outcome.TIMED_OUT,
         Outcome.DEFERRED,
         Outcome.DEAD,
         Outcome.RELEASED,
@@ -93,6 +94,8 @@ class Ending:
       claim.
     - ``retry``: requeued after ``delay_s`` with ``error``; the attempt stays charged, the
       operation claim (``operation_key``) is dropped.
+    - ``timed_out``: the run passed its soft time limit; as ``retry``, or, with ``code``,
+      as ``dead`` (the task's rules buried it), the attempt recorded as timed out.
     - ``deferred``: requeued after ``delay_s``, the attempt handed back (``reason``).
     - ``dead``: buried with ``code``, ``reason`` and ``error``; the operation marked failed.
     - ``released``: handed back now, uncharged, its claim dropped (graceful shutdown).
@@ -147,10 +150,12 @@ class Renewal:
 
 @dataclass(frozen=True, slots=True)
 class RenewalResult:
-    """Whether the lease and the lock (if any) were still ours when the heartbeat extended them."""
+    """Whether the lease and the lock (if any) were still ours when the heartbeat extended them,
+    and who asked to cancel the job, if anyone did (its run is then told to stop)."""
 
     lease_ok: bool
     lock_ok: bool
+    cancel_requested_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +278,8 @@ class QueuePort(Protocol):
         """
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend leases (and their locks) that are still ours; report the ones that are not.
+        """Extend leases (and their locks) that are still ours; report the ones that are not,
+        and the cancels asked of the jobs (:meth:`cancel`).
 
         Atomic per item; all items in one transaction where the store allows.
         """
@@ -288,6 +294,16 @@ class QueuePort(Protocol):
         nothing and its error is returned in its place; the others are written. All in one
         transaction where the store allows, so a worker ends a batch of deliveries for the price
         of one durable commit. Refused endings and ``lost`` ones are never refused.
+        """
+
+    def cancel(self, job_id: int, actor: str, reason: str) -> Job | None:
+        """Cancel job ``job_id``, audited under ``actor``; the job as it is then.
+
+        Atomic: one transaction. A queued job (ready, or scheduled for later) is buried at
+        once (:attr:`DeadCode.CANCELLED`, ``reason``), so it never runs; a running one records
+        the request (when, by whom), which :meth:`renew` reports to its worker and which makes
+        a later fetch of the job end it without running it. ``None``, writing nothing, if no
+        job ``job_id`` is queued or running.
         """
 
     def get_job(self, job_id: int) -> Job:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from jobguard.exceptions import LeaseLostError, StaleFenceError
-from jobguard.models import BusyReason, DeadCode
+from jobguard.models import BusyReason, DeadCode, Delivery
 
 
 def never_reported_back(attempts: int, max_attempts: int) -> str:
@@ -90,10 +90,29 @@ def lease_overdue(elapsed_s: float, period_s: float) -> str:
     )
 
 
-def hard_limit_passed(running_s: float, limit_s: float | None) -> str:
+def hard_limit_passed(job_id: int, running_s: float, limit_s: float | None) -> str:
     """Why a run was killed: it passed its hard time limit (process mode)."""
-    limit = f"time_limit_s={limit_s:g}" if limit_s is not None else "its hard time limit"
+    limit = f"{limit_s:g}s (time_limit_s)" if limit_s is not None else "its hard time limit"
     return (
-        f"the handler ran {running_s:.1f}s, past {limit}: its worker process was killed "
-        "(SIGKILL) and replaced"
+        f"job {job_id} ran {running_s:.1f}s, past its hard time limit of {limit}: its worker "
+        "process was killed (SIGKILL) and replaced"
+    )
+
+
+def cancelled(job_id: int, actor: str) -> str:
+    """Why a job an operator cancelled is in the dead letter queue (and its attempt ended)."""
+    return f"job {job_id} was cancelled by {actor}"
+
+
+def cancel_refused(job_id: int, status: str) -> str:
+    """Why a cancel changed nothing: the job is already over."""
+    return f"job {job_id} is {status}: only a queued, scheduled or running job can be cancelled"
+
+
+def needs_hard_limits(delivery: Delivery) -> str:
+    """Why a thread-mode worker leaves a job with a hard time limit for another worker."""
+    return (
+        f"job {delivery.job_id} has a hard time limit (time_limit_s={delivery.time_limit_s:g}), "
+        "which only a process-mode worker (jobguard worker --processes N) enforces; a "
+        "thread-mode worker does not run it"
     )

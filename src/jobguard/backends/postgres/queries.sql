@@ -30,10 +30,12 @@ UPDATE {schema}.jobs SET dedup_hits = dedup_hits + 1 WHERE id = %(id)s;
 -- name: insert_job
 INSERT INTO {schema}.jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
-                  dedup_window_s, headers, created_at)
+                  dedup_window_s, headers, soft_time_limit_s, time_limit_s,
+                  created_at)
 VALUES (%(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, %(run_at)s, %(run_at)s, %(max_attempts)s,
         %(visibility_timeout_s)s, %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s,
-        %(dedup_window_s)s, %(headers)s, %(now)s)
+        %(dedup_window_s)s, %(headers)s, %(soft_time_limit_s)s,
+        %(time_limit_s)s, %(now)s)
 RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
 -- name: ready_jobs
@@ -83,8 +85,10 @@ FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[])
 RETURNING id, job_id;
 
 -- name: extend_lease
+-- Also says whether an operator asked to cancel the job (its worker then tells the run).
 UPDATE {schema}.jobs SET available_at = %(now)s + %(visibility_timeout_s)s
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING cancel_requested_by;
 
 -- name: settle_jobs
 -- How deliveries end, many at once (%(items)s: job_id, lease_token, resource, fence, key,
@@ -170,6 +174,20 @@ UPDATE {schema}.locks AS l SET owner = NULL, expires_at = NULL
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text)
 WHERE l.resource = item.resource AND l.owner = item.owner;
 
+-- name: cancel_job
+-- A cancel (#17): a queued job is buried as cancelled (code, reason); a running one only
+-- records the request, which its worker reads with each renewal. The first request is kept.
+UPDATE {schema}.jobs
+SET status = CASE WHEN status = 'queued' THEN 'dead' ELSE status END,
+    available_at = CASE WHEN status = 'queued' THEN NULL ELSE available_at END,
+    finished_at = CASE WHEN status = 'queued' THEN %(now)s ELSE finished_at END,
+    dead_code = CASE WHEN status = 'queued' THEN %(code)s ELSE dead_code END,
+    dead_reason = CASE WHEN status = 'queued' THEN %(reason)s ELSE dead_reason END,
+    cancel_requested_at = coalesce(cancel_requested_at, %(now)s),
+    cancel_requested_by = coalesce(cancel_requested_by, %(actor)s)
+WHERE id = %(job_id)s AND status IN ('queued', 'running')
+RETURNING *;
+
 -- name: dead_jobs
 SELECT * FROM {schema}.jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;
 
@@ -178,7 +196,7 @@ SELECT * FROM {schema}.jobs WHERE status = 'dead' ORDER BY finished_at DESC, id 
 UPDATE {schema}.jobs
 SET status = 'queued', available_at = %(now)s, run_at = %(now)s, attempts = 0, deferrals = 0,
     same_error_count = 0, error_signature = NULL, dead_code = NULL, dead_reason = NULL,
-    finished_at = NULL
+    finished_at = NULL, cancel_requested_at = NULL, cancel_requested_by = NULL
 WHERE id = %(job_id)s AND status = 'dead'
 RETURNING *;
 

@@ -32,7 +32,13 @@ CREATE TABLE jobs (
     dead_reason          text,
     headers              text,
     created_at           double precision NOT NULL,
-    finished_at          double precision
+    finished_at          double precision,
+    -- Soft and hard run-time limits in seconds (NULL: none), stored at enqueue.
+    soft_time_limit_s    double precision,
+    time_limit_s         double precision,
+    -- A cancel asked of a running job: when and by whom (read with each renewal).
+    cancel_requested_at  double precision,
+    cancel_requested_by  text
 );
 
 -- The fetch scan: only live jobs are indexed, so finished rows cost the scan nothing however

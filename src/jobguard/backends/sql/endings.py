@@ -30,6 +30,7 @@ _JOB_MOVES: dict[Outcome, tuple[str, int, int]] = {
     Outcome.COMPLETED: ("completed", 0, 0),
     Outcome.ALREADY_PROCESSED: ("completed", 0, 0),
     Outcome.RETRY: ("queued", 0, 0),
+    Outcome.TIMED_OUT: ("queued", 0, 0),  # or buried, when the ending carries a dead code
     Outcome.DEFERRED: ("queued", 1, 1),
     Outcome.FENCE_REFUSED: ("queued", 1, 1),  # handed back if the lease is still current
     Outcome.DEAD: ("dead", 0, 0),
@@ -50,8 +51,10 @@ def _last_error(ending: Ending) -> str | None:
 def _job_item(ending: Ending) -> dict[str, Any]:
     guard, error, outcome = ending.guard, ending.error, ending.outcome
     status, uncharge, deferral = _JOB_MOVES[outcome]
+    if outcome == Outcome.TIMED_OUT and ending.code is not None:
+        status = "dead"
     proves = outcome in SUCCESS_OUTCOMES  # moving the job back needs only the lease
-    failed = outcome in (Outcome.RETRY, Outcome.DEAD)
+    failed = outcome in (Outcome.RETRY, Outcome.DEAD, Outcome.TIMED_OUT)
     return {
         "job_id": guard.job_id,
         "lease_token": guard.lease_token,
@@ -76,9 +79,10 @@ def _operation_item(ending: Ending) -> dict[str, Any] | None:
     """How a moved ending drops its operation's claim (a success completes it instead)."""
     if ending.operation_key is None:
         return None
-    if ending.outcome == Outcome.RETRY:
+    buried = ending.outcome == Outcome.TIMED_OUT and ending.code is not None
+    if ending.outcome in (Outcome.RETRY, Outcome.TIMED_OUT) and not buried:
         status, last_error = OperationStatus.PROCESSING, _last_error(ending)
-    elif ending.outcome == Outcome.DEAD:
+    elif ending.outcome == Outcome.DEAD or buried:
         status, last_error = OperationStatus.FAILED, ending.reason or _last_error(ending)
     elif ending.outcome == Outcome.RELEASED:
         status, last_error = OperationStatus.PROCESSING, None

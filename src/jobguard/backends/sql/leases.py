@@ -54,6 +54,8 @@ def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
             "dedup_key": spec.dedup_key,
             "dedup_window_s": spec.dedup_window_s,
             "headers": spec.headers,
+            "soft_time_limit_s": spec.soft_time_limit_s,
+            "time_limit_s": spec.time_limit_s,
             "now": now,
         },
     )
@@ -259,18 +261,17 @@ class Leases:
             now = tx.now()
             results: list[RenewalResult] = []
             for item in renewals:
-                lease_ok = (
-                    tx.run(
-                        "extend_lease",
-                        {
-                            "job_id": item.guard.job_id,
-                            "lease_token": item.guard.lease_token,
-                            "visibility_timeout_s": item.visibility_timeout_s,
-                            "now": now,
-                        },
-                    )
-                    == 1
+                extended = tx.one(
+                    "extend_lease",
+                    {
+                        "job_id": item.guard.job_id,
+                        "lease_token": item.guard.lease_token,
+                        "visibility_timeout_s": item.visibility_timeout_s,
+                        "now": now,
+                    },
                 )
+                lease_ok = extended is not None
+                cancel_by = extended["cancel_requested_by"] if extended is not None else None
                 lock_ok = True
                 lock = item.guard.lock
                 if lock is not None and item.lock_ttl_s is not None:
@@ -280,7 +281,7 @@ class Leases:
                         "expires_at": now + item.lock_ttl_s,
                     }
                     lock_ok = tx.run("renew_lock", params) == 1
-                results.append(RenewalResult(lease_ok=lease_ok, lock_ok=lock_ok))
+                results.append(RenewalResult(lease_ok, lock_ok, cancel_by))
             return results
 
         return self.driver.write(op)

@@ -58,6 +58,10 @@ def job(row: Row, *, deduplicated: bool = False) -> Job:
         ),
         dead_code=DeadCode.stored(row["dead_code"]) if row["dead_code"] else None,
         headers=row["headers"],
+        soft_time_limit_s=row["soft_time_limit_s"],
+        time_limit_s=row["time_limit_s"],
+        cancel_requested_at=row["cancel_requested_at"],
+        cancel_requested_by=row["cancel_requested_by"],
         deduplicated=deduplicated,
     )
 
@@ -83,6 +87,9 @@ def delivery(row: Row, attempt_id: int) -> Delivery:
         error_signature=row["error_signature"],
         same_error_count=row["same_error_count"],
         headers=row["headers"],
+        soft_time_limit_s=row["soft_time_limit_s"],
+        time_limit_s=row["time_limit_s"],
+        cancel_requested_by=row["cancel_requested_by"],
     )
 
 

@@ -32,6 +32,7 @@ from jobguard.backends.base import (
     Renewal,
     RenewalResult,
 )
+from jobguard.backends.sql.cancels import Cancels
 from jobguard.backends.sql.driver import Driver
 from jobguard.backends.sql.endings import EndingWrites
 from jobguard.backends.sql.leases import Leases
@@ -80,6 +81,7 @@ class SQLStore:
         self._endings = EndingWrites(driver)
         self._reads = Reads(driver)
         self._pauses = Pauses(driver)
+        self._cancels = Cancels(driver)
 
     def close(self) -> None:
         """Close this process's connections."""
@@ -257,6 +259,10 @@ class SQLStore:
     def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent operator actions, newest first."""
         return self._reads.audit_trail(limit)
+
+    def cancel(self, job_id: int, actor: str, reason: str) -> Job | None:
+        """Cancel a queued or running job, audited (``None``: no such job is live)."""
+        return self._cancels.cancel(job_id, actor, reason)
 
     def pause_queue(self, queue: str, actor: str) -> bool:
         """Pause a queue, audited (``False``: it was paused already)."""

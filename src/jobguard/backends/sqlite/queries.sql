@@ -29,10 +29,12 @@ UPDATE jobs SET dedup_hits = dedup_hits + 1 WHERE id = :id;
 -- name: insert_job
 INSERT INTO jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
-                  dedup_window_s, headers, created_at)
+                  dedup_window_s, headers, soft_time_limit_s, time_limit_s,
+                  created_at)
 VALUES (:task, :queue, :payload, 'queued', :priority, :run_at, :run_at, :max_attempts,
         :visibility_timeout_s, :operation_key, :resource_key, :lock_ttl_s, :dedup_key,
-        :dedup_window_s, :headers, :now)
+        :dedup_window_s, :headers, :soft_time_limit_s,
+        :time_limit_s, :now)
 RETURNING *;
 
 -- name: ready_jobs
@@ -81,8 +83,10 @@ FROM jobs WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, job_id;
 
 -- name: extend_lease
+-- Also says whether an operator asked to cancel the job (its worker then tells the run).
 UPDATE jobs SET available_at = :now + :visibility_timeout_s
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running'
+RETURNING cancel_requested_by;
 
 -- name: settle_jobs
 -- How deliveries end, many at once (:items: job_id, lease_token, resource, fence, key, status,
@@ -198,6 +202,20 @@ FROM (SELECT json_extract(value, '$.resource') AS resource,
       FROM json_each(:items)) AS item
 WHERE locks.resource = item.resource AND locks.owner = item.owner;
 
+-- name: cancel_job
+-- A cancel (#17): a queued job is buried as cancelled (:code, :reason); a running one only
+-- records the request, which its worker reads with each renewal. The first request is kept.
+UPDATE jobs
+SET status = CASE WHEN status = 'queued' THEN 'dead' ELSE status END,
+    available_at = CASE WHEN status = 'queued' THEN NULL ELSE available_at END,
+    finished_at = CASE WHEN status = 'queued' THEN :now ELSE finished_at END,
+    dead_code = CASE WHEN status = 'queued' THEN :code ELSE dead_code END,
+    dead_reason = CASE WHEN status = 'queued' THEN :reason ELSE dead_reason END,
+    cancel_requested_at = coalesce(cancel_requested_at, :now),
+    cancel_requested_by = coalesce(cancel_requested_by, :actor)
+WHERE id = :job_id AND status IN ('queued', 'running')
+RETURNING *;
+
 -- name: dead_jobs
 SELECT * FROM jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT :limit;
 
@@ -206,7 +224,7 @@ SELECT * FROM jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMI
 UPDATE jobs
 SET status = 'queued', available_at = :now, run_at = :now, attempts = 0, deferrals = 0,
     same_error_count = 0, error_signature = NULL, dead_code = NULL, dead_reason = NULL,
-    finished_at = NULL
+    finished_at = NULL, cancel_requested_at = NULL, cancel_requested_by = NULL
 WHERE id = :job_id AND status = 'dead'
 RETURNING *;
 

@@ -33,7 +33,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     -- Why a job is dead, as a code; the words are made above the store (NULL text: from the code).
     dead_code            TEXT,
     -- Context carried with a job (a JSON object as text), e.g. the enqueuer's trace.
-    headers              TEXT
+    headers              TEXT,
+    -- Soft and hard run-time limits in seconds (NULL: none), stored at enqueue.
+    soft_time_limit_s    REAL,
+    time_limit_s         REAL,
+    -- A cancel asked of a running job: when and by whom (read with each renewal).
+    cancel_requested_at  REAL,
+    cancel_requested_by  TEXT
 );
 
 -- The fetch scan: only live jobs are indexed, so finished rows cost the scan nothing.
