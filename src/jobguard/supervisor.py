@@ -5,7 +5,9 @@ from outside, so a handler that never returns (blocked on a socket with no timeo
 job and its resource lock for as long as the process lives. :class:`ProcessWorker` runs each
 slot as a child process (:mod:`jobguard.slots`), which can be: the supervisor knows which job
 each slot runs and since when, and the slot that passes the job's hard time limit is killed
-with SIGKILL and replaced. The supervisor then settles that attempt as timed out through the
+with SIGKILL and replaced; so is one whose run was told to stop (its soft limit passed, or it
+was cancelled) and did not within a heartbeat, where a thread worker would leave the run going
+on its thread. The supervisor then settles that attempt (timed out, or cancelled) through the
 same settle every ending goes through: the lease it proves is the killed slot's, which nobody
 renews any more, and once the job moved on every write of the dead run is refused.
 
@@ -139,8 +141,9 @@ class ProcessWorker:
         install_signal_handlers: Handle SIGTERM/SIGINT when run on the main thread.
         retention_s: If set, slot 0 prunes completed jobs as a thread worker does.
         schedule: Slot 0 also enqueues the ticks of the app's schedules.
-        time_limit_s: The hard time limit of every run: a slot whose handler runs longer is
-            killed and replaced, and the attempt settled as timed out (``None``: no limit).
+        time_limit_s: The hard time limit of a run whose job has none of its own: a slot whose
+            handler runs longer is killed and replaced, and the attempt settled as timed out
+            (``None``: only the jobs' own limits).
     """
 
     def __init__(
@@ -287,6 +290,8 @@ class ProcessWorker:
             if slot.run is not None and slot.run.guard.attempt_id == message.attempt_id:
                 slot.give_up = message.reason  # killed by the loop, not in the middle of a read
         elif isinstance(message, Exited):
+            # Its worker stopped: a run it still had was released at the end of its grace.
+            slot.run, slot.deadline, slot.give_up = None, None, None
             self._count(message)
 
     def _count(self, exited: Exited) -> None:
@@ -410,7 +415,9 @@ class ProcessWorker:
         for slot in self._slots:
             if slot.run is None:
                 continue
-            if slot.deadline is not None and now >= slot.deadline:
+            if slot.give_up is not None:  # a cancel's stop wins over a timeout: never retried
+                self._stop_run(slot, slot.give_up)
+            elif slot.deadline is not None and now >= slot.deadline:
                 limit_s = self.hard_limit_s(slot.run.delivery)
                 running_s = now - slot.run.started_at
                 self._stop_run(
@@ -419,8 +426,6 @@ class ProcessWorker:
                         messages.hard_limit_passed(slot.run.delivery.job_id, running_s, limit_s)
                     ),
                 )
-            elif slot.give_up is not None:
-                self._stop_run(slot, slot.give_up)
 
     def _stop_run(self, slot: _Slot, reason: RunStopped) -> bool:
         """Kill the slot for the run it has and write that run's ending as ``reason`` says;
@@ -438,6 +443,7 @@ class ProcessWorker:
                     ended = True  # done before the kill: its ending is its own (or its lease's)
                 elif isinstance(message, Exited):
                     self._count(message)
+                    ended = True  # its worker had stopped: it released what it still held
         slot.run, slot.deadline, slot.give_up = None, None, None
         self._reap(slot)
         slot.restart_at = time.monotonic()  # killed for its job, not a slot that cannot start

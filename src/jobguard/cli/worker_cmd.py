@@ -76,8 +76,8 @@ def _threads_only(ctx: click.Context, *names: str) -> None:
     "--time-limit-s",
     default=None,
     type=click.FloatRange(0, checks.MAX_DURATION_S, min_open=True),
-    help="Hard limit of every run: the slot running longer is killed and replaced, the attempt "
-    "timed out (needs --processes).",
+    help="Hard limit of a run whose job has none: the slot running longer is killed and "
+    "replaced, the attempt timed out (needs --processes).",
 )
 @click.option(
     "--prefetch",
