@@ -101,9 +101,14 @@ def _pretty(payload: str) -> str:
         return payload
 
 
+# What the job page says after an action: replayed, cancelled (it was queued), or told to stop.
+JOB_NOTICES = ("replayed", "cancelled", "cancel-requested")
+
+
 def job(app: App, job_id_text: str, query: Params) -> Page:
     """One job: its fields, arguments, operation record and attempt timeline."""
     params.check_known(query, {"notice"})
+    notice = params.single(query, "notice")
     job_id = params.job_id(job_id_text)
     try:
         found = app.get_job(job_id)
@@ -118,7 +123,8 @@ def job(app: App, job_id_text: str, query: Params) -> Page:
         "operation": operation,
         "timeline": charts.timeline(attempts, app.backend.now()),
         "dead": found.status == JobStatus.DEAD,
-        "notice": params.single(query, "notice") == "replayed",
+        "live": found.status in (JobStatus.QUEUED, JobStatus.RUNNING),
+        "notice": notice if notice in JOB_NOTICES else None,
         "seconds": charts.seconds,
     }
 
