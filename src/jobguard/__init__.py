@@ -5,7 +5,7 @@ Start with :class:`App`; see the README and ``docs/`` for the concepts.
 
 from jobguard.app import App
 from jobguard.context import Context
-from jobguard.core.selection import DeadFilter, ReplayReport
+from jobguard.core.selection import DeadFilter, DeadPreview, ReplayReport
 from jobguard.deadletters import DeadLetterQueue
 from jobguard.exceptions import (
     ConfigurationError,
@@ -17,6 +17,7 @@ from jobguard.exceptions import (
     JobCancelled,
     JobFinishedError,
     JobGuardError,
+    JobStateError,
     KeyTemplateError,
     LeaseLostError,
     LockBusyError,
@@ -60,6 +61,7 @@ __all__ = [
     "DeadFilter",
     "DeadJob",
     "DeadLetterQueue",
+    "DeadPreview",
     "DuplicateJobError",
     "EnqueueError",
     "Fatal",
@@ -71,6 +73,7 @@ __all__ = [
     "JobCancelled",
     "JobFinishedError",
     "JobGuardError",
+    "JobStateError",
     "JobStatus",
     "KeyTemplateError",
     "LeaseLostError",
