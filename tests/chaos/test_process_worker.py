@@ -258,3 +258,20 @@ def test_a_cancelled_run_that_does_not_stop_is_killed_and_not_retried(
         killed["pid"]
     ]
     assert procs_app.charges(store_url) == {1: 1, 2: 1}
+
+
+def test_a_stopping_worker_still_kills_a_run_at_its_hard_limit(store_url: str, papp: App) -> None:
+    task = papp.tasks[procs_app.CHARGE]
+    job = task.options(time_limit_s=2.0).enqueue(order=1, hang_attempts=1)
+    # A grace far longer than the limit: the limit, not the grace, ends the run.
+    worker = Supervisor(store_url, "--processes", "1", "--grace-s", "600")
+    try:
+        wait_until(lambda: len(_charged(store_url, 1)) == 1)
+        code, err = worker.stop(timeout_s=60)
+    finally:
+        worker.kill()
+    assert code == 0, err
+    (attempt,) = papp.attempts(job_id=job.id)
+    assert attempt.outcome is Outcome.TIMED_OUT
+    assert attempt.error_type == "HardTimeLimitExceeded"
+    assert papp.get_job(job.id).status is JobStatus.QUEUED  # retried, by a worker to come
