@@ -12,6 +12,8 @@
     │   └── UnknownTaskError        no task of that name is registered
     ├── NotFoundError               no job / operation / dead job with that id
     ├── DuplicateJobError           a replay would make a second live job for one dedup key
+    ├── JobStateError               an operator action does not apply to the job's state
+    │   └── JobFinishedError        a cancel of a job that already completed or is dead
     ├── StoreUnavailableError       the database went away or is locked past its timeout (also
     │   │                           under a ``db_step``: its connection lost or timed out)
     │   └── StoreBrokenError        the store cannot be used as it is (retrying will not help)
@@ -21,7 +23,6 @@
     │   └── StaleFenceError         a newer lock holder exists (its fencing token is older)
     ├── LockBusyError               the resource lock is held by a live owner
     ├── WorkerFailedError           the worker stopped because it could not keep its leases
-    ├── JobFinishedError            a cancel of a job that already completed or is dead
     ├── RunStopped                  the run was told to stop; raised by ``ctx.step`` and friends
     │   ├── TimeLimitExceeded       it ran past its soft time limit (retried)
     │   └── JobCancelled            an operator cancelled it (not retried)
@@ -129,7 +130,7 @@ class WorkerFailedError(JobGuardError):
     """The worker stopped taking work because a part it relies on (the heartbeat) failed."""
 
 
-class JobFinishedError(JobGuardError):
+class JobFinishedError(JobStateError):
     """The job already completed or is dead: there is nothing left to cancel."""
 
 

@@ -55,7 +55,9 @@ def test_a_soft_limit_frees_the_lock_of_a_handler_that_hangs_and_refuses_its_lat
             )
         )
         assert "woke:passed=True" not in kinds(store_url, stuck.id)
-        first, retry = lapp.attempts(job_id=stuck.id)
+        # (The retry may have waited for the lock while the next job held it: deferred.)
+        first, *retry_waits, retry = lapp.attempts(job_id=stuck.id)
+        assert {a.outcome for a in retry_waits} <= {Outcome.DEFERRED}
         assert first.outcome == Outcome.TIMED_OUT
         assert first.error_type == "TimeLimitExceeded"
         assert "soft time limit of 0.5s" in (first.error_message or "")
@@ -94,10 +96,7 @@ def test_a_soft_limit_frees_the_lock_of_a_handler_that_hangs_and_refuses_its_lat
         proc.signal(signal.SIGTERM)
         assert proc.wait() == 0
     # The late run's own ending was discarded: the attempt log is as it was.
-    assert [a.outcome for a in lapp.attempts(job_id=stuck.id)] == [
-        Outcome.TIMED_OUT,
-        Outcome.COMPLETED,
-    ]
+    assert lapp.attempts(job_id=stuck.id) == [first, *retry_waits, retry]
     assert ledger(store_url) == [("res:r1", follower.fence, FOLLOW)]
     operation = lapp.operation("hang:r1")
     assert operation is not None

@@ -101,14 +101,13 @@ def _pretty(payload: str) -> str:
         return payload
 
 
-# What the job page says after an action: replayed, cancelled (it was queued), or told to stop.
+# What the job page says after an action: replayed, due now, cancelled, or told to stop.
 JOB_NOTICES = ("replayed", "retried", "cancelled", "cancel-requested")
 
 
 def job(app: App, job_id_text: str, query: Params) -> Page:
     """One job: its fields, arguments, operation record and attempt timeline."""
     params.check_known(query, {"notice"})
-    notice = params.single(query, "notice")
     job_id = params.job_id(job_id_text)
     try:
         found = app.get_job(job_id)
