@@ -194,6 +194,8 @@ class App:
         dedup_window_s: float = 0.0,
         soft_time_limit_s: float | None = None,
         time_limit_s: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -218,6 +220,8 @@ class App:
         dedup_window_s: float = 0.0,
         soft_time_limit_s: float | None = None,
         time_limit_s: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a handler ``fn(ctx, **kwargs)`` as a task.
 
@@ -240,8 +244,10 @@ class App:
                 ``"fulfill-order:{order_id}"`` (G4.1).
             resource_key: Template of the resource to lock while running, e.g.
                 ``"order:{order_id}"`` (G3.1).
-            lock_ttl_s: Lock lease length; renewed with the job's lease (G3.3).
-            max_defer_s: How long a job may keep waiting for a busy resource before it is buried.
+            lock_ttl_s: Lock lease length, and the concurrency slot's; renewed with the job's
+                lease (G3.3).
+            max_defer_s: How long a job may keep waiting for a busy resource (or a free
+                concurrency slot) before it is buried.
             dedup_window_s: Default time a dedup key is held after completion (G6.2).
             soft_time_limit_s: Run time after which the handler is told to stop: ``ctx``
                 reports it, its next step raises :class:`~jobguard.TimeLimitExceeded`, an
@@ -250,6 +256,11 @@ class App:
             time_limit_s: Run time after which the run is stopped even if it never cooperates;
                 only process-mode workers enforce it (a thread-mode worker refuses to start
                 with such a task).
+            concurrency_key: Template of the key whose jobs share a concurrency limit, e.g.
+                ``"api-account:{account_id}"``: a job runs only while holding one of the key's
+                ``concurrency_limit`` slots, fleet-wide (G3.6).
+            concurrency_limit: How many jobs of one concurrency key may run at once (1 to
+                1000); required with ``concurrency_key``.
         """
 
         def register(handler: Callable[..., Any]) -> Task:
@@ -282,6 +293,8 @@ class App:
                 dedup_window_s=dedup_window_s,
                 soft_time_limit_s=soft_time_limit_s,
                 time_limit_s=time_limit_s,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
             )
             self.tasks[task_name] = task
             return task

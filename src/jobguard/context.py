@@ -117,7 +117,7 @@ class InFlight:
     def guarded_s(self) -> float:
         """How long one renewal keeps this delivery: its lease, or its lock's TTL if shorter."""
         period = self.delivery.visibility_timeout_s
-        if self.guard.lock is not None and self.lock_ttl_s:
+        if (self.guard.lock is not None or self.guard.slot is not None) and self.lock_ttl_s:
             period = min(period, self.lock_ttl_s)
         return period
 
@@ -155,6 +155,9 @@ class Context:
         resource_key: The resource locked for this run, if any.
         fence: The lock's fencing token (strictly increasing per resource), or ``None``.
         lock_owner: The lock's owner token, or ``None``.
+        concurrency_key: The concurrency key whose slot this run holds, if any.
+        slot: The number of that slot (0 to the limit minus one), or ``None``.
+        slot_fence: The slot's fencing token (strictly increasing per slot), or ``None``.
     """
 
     def __init__(
@@ -182,6 +185,10 @@ class Context:
         lock = inflight.guard.lock
         self.fence: int | None = lock.fence if lock else None
         self.lock_owner: str | None = lock.owner if lock else None
+        held = inflight.guard.slot
+        self.concurrency_key = delivery.concurrency_key
+        self.slot: int | None = held.slot if held else None
+        self.slot_fence: int | None = held.fence if held else None
         self.external_ref: str | None = None
         self._used_steps: set[str] = set()
         self.steps_run = 0

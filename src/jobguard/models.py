@@ -91,6 +91,7 @@ class BusyReason(StrEnum):
     """Why a delivery could not begin: someone else holds what it needs."""
 
     LOCK = "lock"  # the resource lock is held by a live owner
+    SLOT = "slot"  # every slot of the concurrency key is held by a live owner
     OPERATION = "operation"  # another live delivery claims the operation record
 
 
@@ -127,6 +128,8 @@ class JobSpec:
     """Run time after which the handler is told to stop (``None``: no limit)."""
     time_limit_s: float | None = None
     """Run time after which the run is stopped (process mode only; ``None``: no limit)."""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,8 @@ class Job:
     """When a cancel was asked of this job while it ran (``None``: never)."""
     cancel_requested_by: str | None = None
     """Who asked for that cancel."""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     deduplicated: bool = False
     """True when enqueue returned an existing job instead of storing a new one (G6.1)."""
 
@@ -190,26 +195,35 @@ class Delivery:
     time_limit_s: float | None = None
     cancel_requested_by: str | None = None
     """Set when a cancel was asked before this lease began: the job is not run."""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class LockGrant:
-    """Ownership of a resource lock: the owner token and its fencing token (G3.2, G3.5)."""
+    """Ownership of a resource lock: the owner token and its fencing token (G3.2, G3.5).
+
+    A concurrency slot is granted the same way: ``resource`` is the concurrency key and
+    ``slot`` the number of the slot held (0 to the limit minus one), whose own fence it carries.
+    """
 
     resource: str
     owner: str
     fence: int
     expires_at: float
+    slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Guard:
-    """What a write must prove: the delivery's lease and, if any, the lock grant's fence."""
+    """What a write must prove: the delivery's lease and, if any, the fences of its lock grant
+    and of its concurrency slot."""
 
     job_id: int
     lease_token: str
     attempt_id: int
     lock: LockGrant | None = None
+    slot: LockGrant | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 ::
 
     delivery (leased) ─► known task? JSON object? arguments fit? ── no ─► bury
-        ─► resource lock (owner token, fence) ── busy ─► defer (attempt not charged)
+        ─► resource lock, concurrency slot (owner token, fences) ── busy ─► defer (uncharged)
         ─► operation record ── completed ─► "already processed"
         ─► handler(ctx)  (steps memoised, db_step effects in the step's transaction)
         ─► completed: operation completed + job done + attempt closed + lock released
@@ -84,9 +84,10 @@ def guard_of(delivery: Delivery) -> Guard:
 
 
 def _hold(inflight: InFlight, begun: Begun, request: BeginRequest) -> None:
-    """Carry a lock grant on the delivery, so later writes prove its fence and it is renewed."""
-    if begun.grant is not None:
-        inflight.guard = replace(inflight.guard, lock=begun.grant)
+    """Carry a lock grant and a slot grant on the delivery, so later writes prove their fences
+    and they are renewed."""
+    if begun.grant is not None or begun.slot is not None:
+        inflight.guard = replace(inflight.guard, lock=begun.grant, slot=begun.slot)
         inflight.lock_ttl_s = request.lock_ttl_s
 
 
@@ -222,7 +223,13 @@ class Pipeline:
                 _hold(inflight, begun, request)
         if begun is not None:
             if begun.busy is not None:
-                reason = messages.busy(begun.busy, delivery.resource_key, delivery.operation_key)
+                reason = messages.busy(
+                    begun.busy,
+                    delivery.resource_key,
+                    delivery.operation_key,
+                    delivery.concurrency_key,
+                    delivery.concurrency_limit,
+                )
                 return self._defer(inflight, task, started, reason)
             operation = begun.operation
             if operation is not None and operation.status == OperationStatus.COMPLETED:

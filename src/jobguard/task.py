@@ -100,10 +100,14 @@ class CallOptions:
     resource_key: str | None = None
     soft_time_limit_s: float | None = None
     time_limit_s: float | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse NaN, infinity, negative, out-of-range and non-numeric values, naming them."""
         set_field = object.__setattr__  # frozen: normalise in place once, here
+        if self.concurrency_limit is not None:
+            checks.concurrency_limit("concurrency_limit", self.concurrency_limit)
         set_field(self, "delay_s", checks.seconds("delay_s", self.delay_s))
         set_field(
             self, "dedup_window_s", checks.optional_seconds("dedup_window_s", self.dedup_window_s)
@@ -181,6 +185,8 @@ class Task:
         dedup_window_s: float,
         soft_time_limit_s: float | None = None,
         time_limit_s: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
             raise ConfigurationError(f"task name {name!r} is not valid")
@@ -197,6 +203,8 @@ class Task:
         self.operation_key = operation_key
         self.resource_key = resource_key
         self.lock_ttl_s = checks.seconds("lock_ttl_s", lock_ttl_s, positive=True)
+        self.concurrency_key = concurrency_key
+        self.concurrency_limit = _limit_of(name, concurrency_key, concurrency_limit)
         self.max_defer_s = checks.seconds("max_defer_s", max_defer_s)
         self.dedup_window_s = checks.seconds("dedup_window_s", dedup_window_s)
         try:
@@ -223,7 +231,12 @@ class Task:
         accepts_any = any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in self.signature.parameters.values()
         )
-        for what, template in (("operation_key", operation_key), ("resource_key", resource_key)):
+        templates = (
+            ("operation_key", operation_key),
+            ("resource_key", resource_key),
+            ("concurrency_key", concurrency_key),
+        )
+        for what, template in templates:
             if template is None:
                 continue
             if not isinstance(template, str):
@@ -260,6 +273,8 @@ class Task:
         resource_key: str | None = None,
         soft_time_limit_s: float | None = None,
         time_limit_s: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> BoundCall:
         """Per-call options, kept apart from the task's own arguments so names never clash.
 
@@ -275,6 +290,10 @@ class Task:
             soft_time_limit_s: This call's soft run-time limit (instead of the task's).
             time_limit_s: This call's hard run-time limit (instead of the task's; enforced by
                 process-mode workers only).
+            concurrency_key: A literal concurrency key for this call (instead of the template);
+                with the task's ``concurrency_limit`` or this call's.
+            concurrency_limit: How many jobs of the concurrency key may run at once, for this
+                call (instead of the task's).
         """
         return BoundCall(
             self,
@@ -288,6 +307,8 @@ class Task:
                 resource_key=resource_key,
                 soft_time_limit_s=soft_time_limit_s,
                 time_limit_s=time_limit_s,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
             ),
         )
 
@@ -345,6 +366,7 @@ class Task:
         payload = encode_payload(kwargs, self.app.max_payload_bytes)
         operation_key = _key("operation_key", options.operation_key, self.operation_key, kwargs)
         resource_key = _key("resource_key", options.resource_key, self.resource_key, kwargs)
+        concurrency_key, concurrency_limit = self._concurrency(kwargs, options)
         dedup_key = (
             check_key(options.dedup_key, "dedup_key") if options.dedup_key is not None else None
         )
@@ -369,12 +391,52 @@ class Task:
             delay_s=options.delay_s,
             operation_key=operation_key,
             resource_key=resource_key,
-            lock_ttl_s=self.lock_ttl_s if resource_key else None,
+            lock_ttl_s=self.lock_ttl_s if resource_key or concurrency_key else None,
             dedup_key=dedup_key,
             dedup_window_s=window,
             soft_time_limit_s=soft,
             time_limit_s=hard,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
+
+    def _concurrency(
+        self, kwargs: Mapping[str, Any], options: CallOptions
+    ) -> tuple[str | None, int | None]:
+        """The concurrency key and limit of one call: a per-call option wins over the task's."""
+        key = _key("concurrency_key", options.concurrency_key, self.concurrency_key, kwargs)
+        limit = (
+            self.concurrency_limit
+            if options.concurrency_limit is None
+            else options.concurrency_limit
+        )
+        if key is None and limit is not None:
+            # A limit with nothing to count by would let every job run: refused, not ignored.
+            raise ConfigurationError(
+                f"task {self.name!r}: concurrency_limit needs a concurrency_key to count runs by"
+            )
+        if key is not None and limit is None:
+            raise ConfigurationError(
+                f"task {self.name!r}: concurrency_key {key!r} needs a concurrency_limit "
+                "(how many of its jobs may run at once)"
+            )
+        return key, limit
+
+
+def _limit_of(name: str, key: str | None, limit: Any) -> int | None:
+    """A task's concurrency limit: a whole number of slots. A key needs one; a limit without a
+    key waits for a per-call key (``task.options(concurrency_key=...)``)."""
+    if limit is None:
+        if key is not None:
+            raise ConfigurationError(
+                f"task {name!r}: concurrency_key needs a concurrency_limit "
+                "(how many of its jobs may run at once)"
+            )
+        return None
+    try:
+        return checks.concurrency_limit("concurrency_limit", limit)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"task {name!r}: {exc}") from exc
 
 
 class BoundCall:

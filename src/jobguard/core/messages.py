@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from jobguard.exceptions import LeaseLostError, StaleFenceError
-from jobguard.models import BusyReason, DeadCode, Delivery
+from jobguard.models import BusyReason, DeadCode, Delivery, LockGrant
 
 
 def never_reported_back(attempts: int, max_attempts: int) -> str:
@@ -52,11 +52,26 @@ def dead_reason(code: str | None, text: str | None, attempts: int, max_attempts:
     return code
 
 
-def busy(reason: BusyReason, resource_key: str | None, operation_key: str | None) -> str:
-    """Why a delivery must wait: the resource lock or the operation claim is held."""
+def busy(
+    reason: BusyReason,
+    resource_key: str | None,
+    operation_key: str | None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+) -> str:
+    """Why a delivery must wait: the resource lock, every slot or the operation claim is held."""
     if reason is BusyReason.LOCK:
         return f"resource is busy: {resource_key}"
+    if reason is BusyReason.SLOT:
+        return f"concurrency limit reached: {concurrency_limit} running for {concurrency_key}"
     return f"operation {operation_key!r} is in progress"
+
+
+def held_name(grant: LockGrant) -> str:
+    """How a refusal names what a grant held: its resource, or its key and slot number."""
+    if grant.slot is None:
+        return grant.resource
+    return f"{grant.resource} (concurrency slot {grant.slot})"
 
 
 def stale_lease(job_id: int, lease_token: str, what: str = "write") -> LeaseLostError:

@@ -38,7 +38,10 @@ CREATE TABLE jobs (
     time_limit_s         double precision,
     -- A cancel asked of a running job: when and by whom (read with each renewal).
     cancel_requested_at  double precision,
-    cancel_requested_by  text
+    cancel_requested_by  text,
+    -- A concurrency limit: the job runs only while holding one of the key's N slots.
+    concurrency_key      text,
+    concurrency_limit    integer
 );
 
 -- The fetch scan: only live jobs are indexed, so finished rows cost the scan nothing however
@@ -85,6 +88,17 @@ CREATE TABLE locks (
     owner       text,
     fence       bigint NOT NULL,
     expires_at  double precision
+);
+
+-- One row per concurrency slot ever held (key, slot 0..N-1): a lock of its own, whose fence
+-- counter survives release so it never repeats.
+CREATE TABLE slots (
+    key         text    NOT NULL,
+    slot        integer NOT NULL,
+    owner       text,
+    fence       bigint  NOT NULL,
+    expires_at  double precision,
+    PRIMARY KEY (key, slot)
 );
 
 CREATE TABLE operations (

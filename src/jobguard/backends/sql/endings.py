@@ -1,9 +1,9 @@
 """Settling: how deliveries end, written as a set (one statement per table touched).
 
 Every ending (a success, a retry, a deferral, a burial, a release, a refusal) is one item of
-one batch: the jobs are moved where every proof holds, then their locks released, operations
-completed or unclaimed, and attempts closed (or, for a refusal, marked). Decisions arrive made;
-this module only writes them and says which items it could not.
+one batch: the jobs are moved where every proof holds, then their locks and slots released,
+operations completed or unclaimed, and attempts closed (or, for a refusal, marked). Decisions
+arrive made; this module only writes them and says which items it could not.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from jobguard.backends.base import REFUSED_OUTCOMES, SUCCESS_OUTCOMES, Ending
 from jobguard.backends.sql.driver import Driver, Tx
-from jobguard.backends.sql.proofs import fence_of, release_locks, verify
+from jobguard.backends.sql.proofs import fence_of, release_locks, slot_proof, verify
 from jobguard.core import messages
 from jobguard.exceptions import GuardLost, JobGuardError, StoreUnavailableError
 from jobguard.models import OperationStatus, Outcome
@@ -60,6 +60,7 @@ def _job_item(ending: Ending) -> dict[str, Any]:
         "lease_token": guard.lease_token,
         "resource": guard.lock.resource if proves and guard.lock else None,
         "fence": fence_of(guard) if proves else None,
+        **slot_proof(guard if proves else replace(guard, slot=None)),
         "key": _claim_of(ending),
         "status": status,
         "delay_s": None if outcome == Outcome.RELEASED or status != "queued" else ending.delay_s,
@@ -234,7 +235,7 @@ def _refusal(tx: Tx, ending: Ending) -> GuardLost:
     """Why an ending moved no job: which of its proofs failed."""
     guard = ending.guard
     if ending.outcome not in SUCCESS_OUTCOMES:
-        guard = replace(guard, lock=None)  # moving a job back proves only its lease
+        guard = replace(guard, lock=None, slot=None)  # moving a job back proves only its lease
     try:
         verify(tx, guard, _claim_of(ending))
     except GuardLost as exc:

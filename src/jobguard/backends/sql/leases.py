@@ -56,6 +56,8 @@ def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
             "headers": spec.headers,
             "soft_time_limit_s": spec.soft_time_limit_s,
             "time_limit_s": spec.time_limit_s,
+            "concurrency_key": spec.concurrency_key,
+            "concurrency_limit": spec.concurrency_limit,
             "now": now,
         },
     )
@@ -255,7 +257,7 @@ class Leases:
         return self.driver.write(op)
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend every lease and lock still ours, in one transaction."""
+        """Extend every lease, lock and slot still ours, in one transaction."""
 
         def op(tx: Tx) -> list[RenewalResult]:
             now = tx.now()
@@ -273,7 +275,7 @@ class Leases:
                 lease_ok = extended is not None
                 cancel_by = extended["cancel_requested_by"] if extended is not None else None
                 lock_ok = True
-                lock = item.guard.lock
+                lock, slot = item.guard.lock, item.guard.slot
                 if lock is not None and item.lock_ttl_s is not None:
                     params = {
                         "resource": lock.resource,
@@ -281,6 +283,14 @@ class Leases:
                         "expires_at": now + item.lock_ttl_s,
                     }
                     lock_ok = tx.run("renew_lock", params) == 1
+                if slot is not None and item.lock_ttl_s is not None:
+                    params = {
+                        "key": slot.resource,
+                        "slot": slot.slot,
+                        "owner": slot.owner,
+                        "expires_at": now + item.lock_ttl_s,
+                    }
+                    lock_ok = tx.run("renew_slot", params) == 1 and lock_ok
                 results.append(RenewalResult(lease_ok, lock_ok, cancel_by))
             return results
 

@@ -62,6 +62,8 @@ def job(row: Row, *, deduplicated: bool = False) -> Job:
         time_limit_s=row["time_limit_s"],
         cancel_requested_at=row["cancel_requested_at"],
         cancel_requested_by=row["cancel_requested_by"],
+        concurrency_key=row["concurrency_key"],
+        concurrency_limit=row["concurrency_limit"],
         deduplicated=deduplicated,
     )
 
@@ -90,6 +92,8 @@ def delivery(row: Row, attempt_id: int) -> Delivery:
         soft_time_limit_s=row["soft_time_limit_s"],
         time_limit_s=row["time_limit_s"],
         cancel_requested_by=row["cancel_requested_by"],
+        concurrency_key=row["concurrency_key"],
+        concurrency_limit=row["concurrency_limit"],
     )
 
 

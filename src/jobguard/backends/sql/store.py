@@ -121,7 +121,7 @@ class SQLStore:
         return self._leases.fetch_prepared(queues, limit, worker_id, rules)
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend every lease and lock still ours, in one transaction."""
+        """Extend every lease, lock and slot still ours, in one transaction."""
         return self._leases.renew(renewals)
 
     def admit_host_delivery(
@@ -154,8 +154,12 @@ class SQLStore:
         """The last fence issued for ``resource`` (0 if never locked)."""
         return self._proofs.lock_fence(resource)
 
+    def slot_grants(self, key: str) -> list[LockGrant]:
+        """Every slot of concurrency key ``key`` ever held, by number."""
+        return self._proofs.slot_grants(key)
+
     def begin(self, guard: Guard, request: BeginRequest) -> Begun:
-        """Lock the resource and claim the operation together (one transaction)."""
+        """Lock the resource, take a slot and claim the operation together (one transaction)."""
         return self._proofs.begin(guard, request)
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
