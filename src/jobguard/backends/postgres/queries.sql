@@ -30,12 +30,12 @@ UPDATE {schema}.jobs SET dedup_hits = dedup_hits + 1 WHERE id = %(id)s;
 -- name: insert_job
 INSERT INTO {schema}.jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
-                  dedup_window_s, headers, soft_time_limit_s, time_limit_s,
-                  concurrency_key, concurrency_limit, created_at)
+                  dedup_window_s, headers, soft_time_limit_s, time_limit_s, concurrency_key,
+                  concurrency_limit, created_at)
 VALUES (%(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, %(run_at)s, %(run_at)s, %(max_attempts)s,
         %(visibility_timeout_s)s, %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s,
-        %(dedup_window_s)s, %(headers)s, %(soft_time_limit_s)s,
-        %(time_limit_s)s, %(concurrency_key)s, %(concurrency_limit)s, %(now)s)
+        %(dedup_window_s)s, %(headers)s, %(soft_time_limit_s)s, %(time_limit_s)s, %(concurrency_key)s,
+        %(concurrency_limit)s, %(now)s)
 RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
 -- name: ready_jobs

@@ -29,12 +29,12 @@ UPDATE jobs SET dedup_hits = dedup_hits + 1 WHERE id = :id;
 -- name: insert_job
 INSERT INTO jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
-                  dedup_window_s, headers, soft_time_limit_s, time_limit_s,
-                  concurrency_key, concurrency_limit, created_at)
+                  dedup_window_s, headers, soft_time_limit_s, time_limit_s, concurrency_key,
+                  concurrency_limit, created_at)
 VALUES (:task, :queue, :payload, 'queued', :priority, :run_at, :run_at, :max_attempts,
         :visibility_timeout_s, :operation_key, :resource_key, :lock_ttl_s, :dedup_key,
-        :dedup_window_s, :headers, :soft_time_limit_s,
-        :time_limit_s, :concurrency_key, :concurrency_limit, :now)
+        :dedup_window_s, :headers, :soft_time_limit_s, :time_limit_s, :concurrency_key,
+        :concurrency_limit, :now)
 RETURNING *;
 
 -- name: ready_jobs
