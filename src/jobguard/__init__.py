@@ -13,6 +13,7 @@ from jobguard.exceptions import (
     EnqueueError,
     Fatal,
     GuardLost,
+    HardTimeLimitExceeded,
     JobCancelled,
     JobFinishedError,
     JobGuardError,
@@ -47,6 +48,7 @@ from jobguard.models import (
 )
 from jobguard.schedule import Schedule
 from jobguard.scheduler import Scheduler
+from jobguard.supervisor import ProcessWorker
 from jobguard.task import Task
 from jobguard.worker import Worker
 
@@ -64,6 +66,7 @@ __all__ = [
     "EnqueueError",
     "Fatal",
     "GuardLost",
+    "HardTimeLimitExceeded",
     "HookChain",
     "Hooks",
     "Job",
@@ -81,6 +84,7 @@ __all__ = [
     "OperationStatus",
     "Outcome",
     "PayloadError",
+    "ProcessWorker",
     "ReplayReport",
     "Retry",
     "RunStopped",

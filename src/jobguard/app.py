@@ -48,6 +48,7 @@ from jobguard.models import (
     QueueStats,
 )
 from jobguard.schedule import Schedule, check_operation_template, check_tick_handler, tick_runner
+from jobguard.supervisor import ProcessWorker
 from jobguard.task import Task, call_options, check_handler, check_queue_name
 from jobguard.worker import Worker
 
@@ -594,6 +595,11 @@ class App:
     def worker(self, queues: list[str] | None = None, **options: Any) -> Worker:
         """A :class:`~jobguard.worker.Worker` for these queues (default: every task's queue)."""
         return Worker(self, queues, **options)
+
+    def process_worker(self, queues: list[str] | None = None, **options: Any) -> ProcessWorker:
+        """A :class:`~jobguard.supervisor.ProcessWorker` for these queues: each slot a child
+        process running one job at a time, which enforces hard time limits."""
+        return ProcessWorker(self, queues, **options)
 
     @contextlib.contextmanager
     def lock(

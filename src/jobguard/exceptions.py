@@ -146,6 +146,12 @@ class TimeLimitExceeded(RunStopped):
     job retried as a transient failure (its recorded steps are kept)."""
 
 
+class HardTimeLimitExceeded(TimeLimitExceeded):
+    """The run passed its hard time limit and its process was killed (process mode): the
+    attempt is recorded as ``timed_out`` with this error, and the job retried as a transient
+    failure or buried by the task's rules, as for a soft limit."""
+
+
 class JobCancelled(RunStopped):
     """An operator cancelled the job: the attempt ends and the job is buried as ``cancelled``,
     not retried (it can be replayed like any dead job)."""

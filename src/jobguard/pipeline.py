@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jobguard.backends.base import (
     Backend,
@@ -65,6 +65,17 @@ if TYPE_CHECKING:
 RunAsync = Callable[[Coroutine[Any, Any, Any]], Any]
 
 
+class RunWatch(Protocol):
+    """Told when a handler starts and stops running (a process worker's slot reports it to the
+    supervisor, which enforces hard time limits from it)."""
+
+    def handler_started(self, inflight: InFlight) -> None:
+        """The handler of ``inflight`` is about to be called (its lock, if any, is held)."""
+
+    def handler_ended(self, inflight: InFlight) -> None:
+        """The handler of ``inflight`` returned or raised (its ending is not written yet)."""
+
+
 def guard_of(delivery: Delivery) -> Guard:
     """The guard of a fresh delivery (no lock yet)."""
     return Guard(
@@ -92,6 +103,7 @@ class Pipeline:
         rng: random.Random | None = None,
         run_async: RunAsync | None = None,
         hard_limits: bool = False,
+        watch: RunWatch | None = None,
     ) -> None:
         self.backend = backend
         self.tasks = tasks
@@ -103,6 +115,7 @@ class Pipeline:
         # Whether the worker running this pipeline stops a run at its hard time limit (process
         # mode does; threads cannot): a job with one is otherwise left for a worker that does.
         self.hard_limits = hard_limits
+        self.watch = watch
 
     def run(self, inflight: InFlight) -> Ending:
         """Run the delivery and return how it ends (not written: see :meth:`QueuePort.settle`).
@@ -263,7 +276,7 @@ class Pipeline:
         inflight.context = ctx
         inflight.start_clock()
         try:
-            value = self._call(task, ctx, arguments, inflight)
+            value = self._watched(inflight, task, ctx, arguments)
         except GuardLost:
             raise
         except RunStopped as exc:
@@ -294,6 +307,18 @@ class Pipeline:
             external_ref=ctx.external_ref,
         )
 
+    def _watched(
+        self, inflight: InFlight, task: Task, ctx: Context, arguments: dict[str, Any]
+    ) -> Any:
+        """Run the handler, telling the watch (if any) when it starts and when it stops."""
+        if self.watch is None:
+            return self._call(task, ctx, arguments, inflight)
+        self.watch.handler_started(inflight)
+        try:
+            return self._call(task, ctx, arguments, inflight)
+        finally:
+            self.watch.handler_ended(inflight)
+
     def _call(self, task: Task, ctx: Context, arguments: dict[str, Any], inflight: InFlight) -> Any:
         """Run the handler; a coroutine (an async handler's) is awaited on the worker's loop."""
         value = task.fn(ctx, **arguments)
@@ -321,7 +346,7 @@ class Pipeline:
         if isinstance(reason, TimeLimitExceeded) and task is not None:
             # A fresh error without a traceback: every timeout of a job has one signature, so
             # a job that keeps timing out is seen as repeating itself (poison, spent attempts).
-            return self._failed(inflight, task, TimeLimitExceeded(str(reason)), closing)
+            return self._failed(inflight, task, type(reason)(str(reason)), closing)
         error = ErrorInfo(type=type(reason).__name__, message=describe(reason))
         return Ending(
             inflight.guard,

@@ -43,7 +43,7 @@ from jobguard.exceptions import (
 from jobguard.heartbeat import Heartbeat
 from jobguard.limits import refuse_hard_limits
 from jobguard.models import Outcome
-from jobguard.pipeline import Pipeline, lost
+from jobguard.pipeline import Pipeline, RunWatch, lost
 from jobguard.process import on_stop_signals
 from jobguard.scheduler import Scheduler
 from jobguard.settler import Settler
@@ -134,6 +134,8 @@ class Worker:
             seconds (at most every minute); operation records and steps are kept.
         schedule: Also run a scheduler thread that enqueues the ticks of the app's schedules
             (``@app.periodic``); any number of workers may do so at once.
+        watch: Told when each handler starts and stops (a process worker's slot reports this
+            to its supervisor, which enforces hard time limits).
     """
 
     # Whether this kind of worker stops a run at its hard time limit (``time_limit_s``): threads
@@ -154,6 +156,7 @@ class Worker:
         install_signal_handlers: bool = True,
         retention_s: float | None = None,
         schedule: bool = False,
+        watch: RunWatch | None = None,
     ) -> None:
         self.concurrency = checks.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
         self.prefetch = (
@@ -195,6 +198,7 @@ class Worker:
             self.worker_id,
             app.hooks,
             run_async=self._loop.run,
+            watch=watch,
             hard_limits=self.enforces_hard_limits,
         )
         self._settler = Settler(

@@ -105,6 +105,15 @@ def lease_overdue(elapsed_s: float, period_s: float) -> str:
     )
 
 
+def hard_limit_passed(job_id: int, running_s: float, limit_s: float | None) -> str:
+    """Why a run was killed: it passed its hard time limit (process mode)."""
+    limit = f"{limit_s:g}s (time_limit_s)" if limit_s is not None else "its hard time limit"
+    return (
+        f"job {job_id} ran {running_s:.1f}s, past its hard time limit of {limit}: its worker "
+        "process was killed (SIGKILL) and replaced"
+    )
+
+
 def cancelled(job_id: int, actor: str) -> str:
     """Why a job an operator cancelled is in the dead letter queue (and its attempt ended)."""
     return f"job {job_id} was cancelled by {actor}"
