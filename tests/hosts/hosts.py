@@ -42,6 +42,7 @@ def celery_host(broker_url: str, guarded: bool) -> Host:
         "celery", command, "ready.", task.delay, drained,
         send_fragile=celery_orders.fragile.delay,
         queued=lambda: client.llen("orders"),
+        limit_s=celery_orders.VISIBILITY_TIMEOUT_S,
     )  # fmt: skip
 
 
@@ -71,6 +72,7 @@ def rq_host(broker_url: str, guarded: bool) -> Host:
         "rq", command, "Listening on", send, drained,
         send_fragile=lambda order_id: rq_orders.fragile.enqueue(rq_orders.queue, order_id),
         queued=lambda: client.llen("rq:queue:orders"),
+        limit_s=rq_orders.JOB_TIMEOUT_S,
     )  # fmt: skip
 
 
@@ -94,6 +96,7 @@ def dramatiq_host(broker_url: str, guarded: bool) -> Host:
         "dramatiq", command, "is ready for action", actor.send, drained,
         send_fragile=dramatiq_orders.fragile.send,
         queued=lambda: client.hlen("dramatiq:orders.msgs"),
+        limit_s=dramatiq_orders.TIME_LIMIT_MS / 1000,
     )  # fmt: skip
 
 

@@ -122,6 +122,7 @@ class CeleryGuard(HostGuard):
         cap = NO_VISIBILITY_CAP_S if visibility_s is None else visibility_s / 2
         super().__init__("celery", store, max_hand_back_s=cap)
         self.celery_app = celery_app
+        self.visibility_timeout_s = visibility_s
 
     def task(self, **options: Any) -> Callable[[Callable[..., Any]], Any]:
         """Make a guarded Celery task of ``fn(ctx, ...)``.
@@ -143,7 +144,7 @@ class CeleryGuard(HostGuard):
 
         def register(fn: Callable[..., Any]) -> Any:
             name = guard_options.pop("name", None) or f"{fn.__module__}.{fn.__qualname__}"
-            self.define(fn, name, guard_options)
+            self.define(fn, name, guard_options, host_timeout_s=self.visibility_timeout_s)
 
             def run(task: CeleryTask, *args: Any, **kwargs: Any) -> None:
                 return self._deliver(task, name, args, kwargs)

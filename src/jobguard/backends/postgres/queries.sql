@@ -427,5 +427,13 @@ DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead';
 SELECT * FROM {schema}.jobs WHERE dedup_key = %(dedup_key)s ORDER BY id DESC LIMIT 1 FOR UPDATE;
 
 
+-- name: retake_host_job
+-- A deduplicated send takes over a shadow job left due with no delivery (its message was never
+-- sent, or lost): the new message's id in its headers, due from now. Callers hold the key's
+-- dedup lock; due_before makes it a no-op on a job a delivery moved meanwhile.
+UPDATE {schema}.jobs SET headers = %(headers)s, available_at = %(now)s
+WHERE id = %(id)s AND status IN ('queued', 'running') AND available_at <= %(due_before)s
+RETURNING *;
+
 -- name: attempt_host_delivery
 UPDATE {schema}.attempts SET host_delivery = %(host)s WHERE id = %(id)s;

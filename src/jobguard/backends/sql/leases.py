@@ -24,7 +24,7 @@ from jobguard.backends.base import (
 from jobguard.backends.sql import rows
 from jobguard.backends.sql.driver import Driver, Row, Tx
 from jobguard.backends.sql.proofs import Proofs
-from jobguard.core.hosts import Admit, Found, admission
+from jobguard.core.hosts import Admit, Found, Reserve, admission, reservation
 from jobguard.exceptions import ConfigurationError
 from jobguard.models import DeadCode, Delivery, Guard, Job, JobSpec, JobStatus
 
@@ -223,16 +223,12 @@ class Leases:
         self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
     ) -> HostAdmission:
         """Admit a host queue's delivery against its shadow job; see :class:`QueuePort`."""
-        if spec.dedup_key is None:
-            raise ConfigurationError("a host delivery is admitted by its shadow job's key")
+        key = _shadow_key(spec)
         task_rules = {spec.task: rules}
-        key = {"dedup_key": spec.dedup_key}
 
         def op(tx: Tx) -> HostAdmission:
             now = tx.now()
-            tx.run("lock_dedup_key", key)  # admissions and sends of one operation take turns
-            row = tx.one("host_job", key)
-            found = None if row is None else Found(JobStatus(row["status"]), row["available_at"])
+            row, found = _shadow_job(tx, key)
             decided = admission(found, now)
             if decided.admit in (Admit.HELD, Admit.EARLY, Admit.DEAD):
                 assert row is not None
@@ -249,6 +245,27 @@ class Leases:
             request = begin_request(delivery, rules, worker_id)
             (prepared,) = self._begin_fetched(tx, [delivery], [request], now)
             return HostAdmission(decided.admit, row["id"], prepared)
+
+        return self.driver.write(op)
+
+    def reserve_host_job(self, spec: JobSpec, unsent_s: float) -> Job:
+        """A deduplicated send of a host task: its shadow job; see :class:`QueuePort`."""
+        key = _shadow_key(spec)
+
+        def op(tx: Tx) -> Job:
+            now = tx.now()
+            row, found = _shadow_job(tx, key)
+            decided = reservation(found, now, unsent_s)
+            if decided == Reserve.INSERT:
+                return insert_job(tx, spec, now)
+            assert row is not None
+            if decided == Reserve.RETAKE:
+                params = {"id": row["id"], "headers": spec.headers, "now": now}
+                retaken = tx.one("retake_host_job", {**params, "due_before": now - unsent_s})
+                if retaken is not None:
+                    return rows.job(retaken)
+            tx.run("count_dedup_hit", {"id": row["id"]})
+            return rows.job(row, deduplicated=True)
 
         return self.driver.write(op)
 
@@ -284,6 +301,22 @@ class Leases:
             return results
 
         return self.driver.write(op)
+
+
+def _shadow_key(spec: JobSpec) -> dict[str, Any]:
+    """The parameters that find a host task's shadow job (its dedup key)."""
+    if spec.dedup_key is None:
+        raise ConfigurationError("a host queue's task is found by its shadow job's dedup key")
+    return {"dedup_key": spec.dedup_key}
+
+
+def _shadow_job(tx: Tx, key: dict[str, Any]) -> tuple[Row | None, Found | None]:
+    """The newest shadow job of one operation and its facts, read under the key's dedup lock
+    (sends and admissions of one operation take turns)."""
+    tx.run("lock_dedup_key", key)
+    row = tx.one("host_job", key)
+    found = None if row is None else Found(JobStatus(row["status"]), row["available_at"])
+    return row, found
 
 
 def _independent(requests: Sequence[BeginRequest | None]) -> bool:

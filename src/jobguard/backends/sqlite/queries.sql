@@ -437,5 +437,13 @@ DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'd
 SELECT * FROM jobs WHERE dedup_key = :dedup_key ORDER BY id DESC LIMIT 1;
 
 
+-- name: retake_host_job
+-- A deduplicated send takes over a shadow job left due with no delivery (its message was never
+-- sent, or lost): the new message's id in its headers, due from now. Callers hold the key's
+-- dedup lock; due_before makes it a no-op on a job a delivery moved meanwhile.
+UPDATE jobs SET headers = :headers, available_at = :now
+WHERE id = :id AND status IN ('queued', 'running') AND available_at <= :due_before
+RETURNING *;
+
 -- name: attempt_host_delivery
 UPDATE attempts SET host_delivery = :host WHERE id = :id;
