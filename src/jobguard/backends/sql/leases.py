@@ -31,13 +31,24 @@ from jobguard.models import DeadCode, Delivery, Guard, Job, JobSpec, JobStatus
 
 def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
     """Store one job, or find the live job holding its dedup key."""
+    row, deduplicated = insert_row(tx, spec, now)
+    return rows.job(row, deduplicated=deduplicated)
+
+
+def insert_row(tx: Tx, spec: JobSpec, now: float, *, key_locked: bool = False) -> tuple[Row, bool]:
+    """Store one job and return its row and ``False``, or the live job holding its dedup key and
+    ``True``.
+
+    ``key_locked``: the caller already holds the key's dedup lock in this transaction.
+    """
     if spec.dedup_key is not None:
-        # Serialises enqueues of one key where writers run in parallel (PostgreSQL).
-        tx.run("lock_dedup_key", {"dedup_key": spec.dedup_key})
+        if not key_locked:
+            # Serialises enqueues of one key where writers run in parallel (PostgreSQL).
+            tx.run("lock_dedup_key", {"dedup_key": spec.dedup_key})
         existing = tx.one("live_dedup_job", {"dedup_key": spec.dedup_key, "now": now})
         if existing is not None:
             tx.run("count_dedup_hit", {"id": existing["id"]})
-            return rows.job(existing, deduplicated=True)
+            return existing, True
     row = tx.one(
         "insert_job",
         {
@@ -58,7 +69,7 @@ def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
         },
     )
     assert row is not None  # INSERT ... RETURNING
-    return rows.job(row)
+    return row, False
 
 
 class Leases:
@@ -234,8 +245,10 @@ class Leases:
                 assert row is not None
                 return HostAdmission(decided.admit, row["id"], wait_s=decided.wait_s)
             if decided.admit == Admit.INSERT:
-                insert_job(tx, spec, now)  # nothing live holds the key: a new job
-                row = tx.one("host_job", key)
+                # Nothing live holds the key: a new job (the key is locked already).
+                row, held = insert_row(tx, spec, now, key_locked=True)
+                if held:  # an older job of the key was made live again (a replay)
+                    row = tx.one("host_job", key)
             assert row is not None
             if self._close_expired(tx, [row], task_rules, now):
                 return HostAdmission(Admit.DEAD, row["id"])  # its attempts were spent
@@ -257,7 +270,8 @@ class Leases:
             row, found = _shadow_job(tx, key)
             decided = reservation(found, now, unsent_s)
             if decided == Reserve.INSERT:
-                return insert_job(tx, spec, now)
+                inserted, held = insert_row(tx, spec, now, key_locked=True)
+                return rows.job(inserted, deduplicated=held)
             assert row is not None
             if decided == Reserve.RETAKE:
                 params = {"id": row["id"], "headers": spec.headers, "now": now}
