@@ -43,8 +43,11 @@ def worker_command(host: str) -> list[str]:
         return [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", "bench",
                 "--without-gossip", "--without-mingle", "--loglevel=WARNING"]  # fmt: skip
     if host == "rq":
-        rq = str(Path(sys.executable).with_name("rq"))
-        return [rq, "worker", "-u", REDIS_URL, "--with-scheduler", "bench"]
+        # RQ's CLI with the tasks module imported first, as RQ's docs preload libraries: each
+        # forked work-horse inherits it instead of importing it for every job.
+        cli = "import bench.host_tasks; from rq.cli import main; main()"
+        return [sys.executable, "-c", cli, "worker", "-u", REDIS_URL, "--with-scheduler",
+                "--quiet", "bench"]  # fmt: skip
     return [sys.executable, "-m", "dramatiq", "bench.host_tasks", "--processes", "1",
             "--queues", "bench"]  # fmt: skip
 
@@ -103,9 +106,26 @@ def count(deliveries: int) -> None:
         print(f"{found / deliveries:7.2f}  {name}")
 
 
+def jobs_per_host(given: str, hosts: list[str]) -> dict[str, int]:
+    """``--jobs``: one count for every host, or ``host=N`` pairs."""
+    try:
+        if "=" not in given:
+            return dict.fromkeys(hosts, int(given))
+        pairs = dict(item.split("=", 1) for item in given.split(","))
+        return {host: int(pairs[host]) for host in hosts}
+    except (KeyError, ValueError) as exc:
+        raise SystemExit(
+            f"--jobs: give N or host=N for each of {', '.join(hosts)} ({exc})"
+        ) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=200, help="messages per drain")
+    parser.add_argument(
+        "--jobs",
+        default="200",
+        help="messages per drain: N for every host, or per host (celery=N,rq=N,dramatiq=N)",
+    )
     parser.add_argument("--hosts", default=",".join(HOSTS), help="comma-separated")
     parser.add_argument("--count", type=int, default=0, help="count statements instead")
     args = parser.parse_args()
@@ -113,13 +133,17 @@ def main() -> None:
         count(args.count)
         return
     log = Path("bench-hosts.log").resolve()
-    print(f"{WORKERS} worker processes per host, {args.jobs} messages, one PostgreSQL row each")
-    print(f"{'host':<10}{'plain jobs/s':>14}{'guarded jobs/s':>16}{'guarded/plain':>15}")
-    for host in args.hosts.split(","):
-        plain = drain(host, "plain", args.jobs, log)
+    print(f"{WORKERS} worker processes per host at its default concurrency, one PostgreSQL row")
+    print(f"per message; load average at start: {os.getloadavg()[0]:.2f}")
+    print(f"{'host':<10}{'jobs':>7}{'plain jobs/s':>14}{'guarded jobs/s':>16}{'guarded/plain':>15}")
+    hosts = args.hosts.split(",")
+    jobs = jobs_per_host(args.jobs, hosts)
+    for host in hosts:
+        plain = drain(host, "plain", jobs[host], log)
         time.sleep(1)
-        guarded = drain(host, "guarded", args.jobs, log)
-        print(f"{host:<10}{plain:>14.0f}{guarded:>16.0f}{guarded / plain:>15.2f}")
+        guarded = drain(host, "guarded", jobs[host], log)
+        row = f"{host:<10}{jobs[host]:>7}{plain:>14.0f}{guarded:>16.0f}{guarded / plain:>15.2f}"
+        print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import redis
@@ -66,8 +65,10 @@ def rq_host(broker_url: str, guarded: bool) -> Host:
             and queue.scheduled_job_registry.count == 0
         )
 
-    rq = str(Path(sys.executable).with_name("rq"))
-    command = [rq, "worker", "--with-scheduler", "-u", broker_url, "orders"]
+    # RQ's CLI with the jobs module imported first (RQ's way to preload libraries): each forked
+    # work-horse inherits it instead of importing it, and its guard, again for every job.
+    cli = "import tests.hosts.rq_orders; from rq.cli import main; main()"
+    command = [sys.executable, "-c", cli, "worker", "--with-scheduler", "-u", broker_url, "orders"]
     return Host(
         "rq", command, "Listening on", send, drained,
         send_fragile=lambda order_id: rq_orders.fragile.enqueue(rq_orders.queue, order_id),

@@ -93,7 +93,7 @@ def size() -> tuple[Plan, int]:
 def run_bound_s(plan: Plan) -> float:
     """How long a run may take before it is judged unfinished (the issue's size needs more
     than the suite's)."""
-    return 120.0 + plan.orders
+    return 120.0 + 2.0 * plan.orders
 
 
 def case_timeout_s(plan: Plan) -> float:
