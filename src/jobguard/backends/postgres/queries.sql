@@ -77,8 +77,8 @@ RETURNING *, coalesce(%(lease_s)s::float8, visibility_timeout_s) AS lease_s;
 
 -- name: insert_attempts
 INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
-                      started_at)
-SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, %(now)s
+                      started_at, host_delivery)
+SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, %(now)s, %(host)s::text
 FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[])
 RETURNING id, job_id;
 
@@ -435,5 +435,3 @@ UPDATE {schema}.jobs SET headers = %(headers)s, available_at = %(now)s
 WHERE id = %(id)s AND status IN ('queued', 'running') AND available_at <= %(due_before)s
 RETURNING *;
 
--- name: attempt_host_delivery
-UPDATE {schema}.attempts SET host_delivery = %(host)s WHERE id = %(id)s;

@@ -205,9 +205,11 @@ class Leases:
         rules: Mapping[str, DeliveryRules],
         worker_id: str,
         now: float,
+        host_delivery: str | None = None,
     ) -> list[Delivery]:
         """New leases for ``picked`` (one statement per lease length and attempt limit), each
-        with an attempt row; the row keeps the attempt limit the worker enforces."""
+        with an attempt row (naming ``host_delivery``, a host queue's delivery id, if given);
+        the row keeps the attempt limit the worker enforces."""
         by_rule: dict[tuple[float | None, int | None], list[int]] = {}
         for row in picked:
             rule = rules.get(row["task"])
@@ -226,7 +228,7 @@ class Leases:
         order = [row["id"] for row in picked]
         attempt_ids = {
             row["job_id"]: row["id"]
-            for row in tx.all("insert_attempts", {"ids": order, "now": now})
+            for row in tx.all("insert_attempts", {"ids": order, "now": now, "host": host_delivery})
         }
         return [rows.delivery(leased[job_id], attempt_ids[job_id]) for job_id in order]
 
@@ -252,8 +254,7 @@ class Leases:
             assert row is not None
             if self._close_expired(tx, [row], task_rules, now):
                 return HostAdmission(Admit.DEAD, row["id"])  # its attempts were spent
-            delivery = self._lease(tx, [row], task_rules, worker_id, now)[0]
-            tx.run("attempt_host_delivery", {"id": delivery.attempt_id, "host": host_delivery})
+            delivery = self._lease(tx, [row], task_rules, worker_id, now, host_delivery)[0]
             # Begun in the lease's transaction, as a fetch begins what it leases.
             request = begin_request(delivery, rules, worker_id)
             (prepared,) = self._begin_fetched(tx, [delivery], [request], now)

@@ -75,8 +75,8 @@ RETURNING *, coalesce(:lease_s, visibility_timeout_s) AS lease_s;
 
 -- name: insert_attempts
 INSERT INTO attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
-                      started_at)
-SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, :now
+                      started_at, host_delivery)
+SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, :now, :host
 FROM jobs WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, job_id;
 
@@ -445,5 +445,3 @@ UPDATE jobs SET headers = :headers, available_at = :now
 WHERE id = :id AND status IN ('queued', 'running') AND available_at <= :due_before
 RETURNING *;
 
--- name: attempt_host_delivery
-UPDATE attempts SET host_delivery = :host WHERE id = :id;
