@@ -129,7 +129,9 @@ class CeleryGuard(HostGuard):
 
         jobguard's options (``operation_key`` is required; ``resource_key``, ``lock_ttl_s``,
         ``visibility_timeout_s`` — the shadow job's lease —, ``max_attempts``, ``backoff_*``,
-        ``fatal``, ``transient``, ``poison_threshold``, ``max_defer_s``, ``dedup``, ``name``)
+        ``fatal``, ``transient``, ``poison_threshold``, ``max_defer_s``, ``dedup``,
+        ``dedup_unsent_s`` — how long a deduplicated send's reservation waits for its first
+        delivery before the next send sends again, default 300 —, ``name``)
         are taken here; every other option goes to ``celery_app.task`` (``queue``...), except
         those that would let Celery decide what jobguard decides, which are refused.
         """
