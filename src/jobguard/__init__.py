@@ -5,7 +5,7 @@ Start with :class:`App`; see the README and ``docs/`` for the concepts.
 
 from jobguard.app import App
 from jobguard.context import Context
-from jobguard.core.selection import DeadFilter, ReplayReport
+from jobguard.core.selection import DeadFilter, DeadPreview, ReplayReport
 from jobguard.deadletters import DeadLetterQueue
 from jobguard.exceptions import (
     ConfigurationError,
@@ -13,19 +13,24 @@ from jobguard.exceptions import (
     EnqueueError,
     Fatal,
     GuardLost,
+    JobCancelled,
+    JobFinishedError,
     JobGuardError,
+    JobStateError,
     KeyTemplateError,
     LeaseLostError,
     LockBusyError,
     NotFoundError,
     PayloadError,
     Retry,
+    RunStopped,
     SchemaVersionError,
     StaleFenceError,
     StepError,
     StepSQLError,
     StoreBrokenError,
     StoreUnavailableError,
+    TimeLimitExceeded,
     UnknownTaskError,
     WorkerFailedError,
 )
@@ -54,6 +59,7 @@ __all__ = [
     "DeadFilter",
     "DeadJob",
     "DeadLetterQueue",
+    "DeadPreview",
     "DuplicateJobError",
     "EnqueueError",
     "Fatal",
@@ -61,7 +67,10 @@ __all__ = [
     "HookChain",
     "Hooks",
     "Job",
+    "JobCancelled",
+    "JobFinishedError",
     "JobGuardError",
+    "JobStateError",
     "JobStatus",
     "KeyTemplateError",
     "LeaseLostError",
@@ -74,6 +83,7 @@ __all__ = [
     "PayloadError",
     "ReplayReport",
     "Retry",
+    "RunStopped",
     "Schedule",
     "Scheduler",
     "SchemaVersionError",
@@ -83,6 +93,7 @@ __all__ = [
     "StoreBrokenError",
     "StoreUnavailableError",
     "Task",
+    "TimeLimitExceeded",
     "UnknownTaskError",
     "Worker",
     "WorkerFailedError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html.parser
 import http.cookiejar
 import os
 import signal
@@ -70,6 +71,13 @@ def start_cli(url: str, args: list[str], marker: str) -> Served:
     raise RuntimeError(f"`jobguard {' '.join(args)}` did not start:\n{''.join(seen)}")
 
 
+def serve_dashboard(url: str, served: list[Served], *options: str) -> str:
+    """Start ``jobguard dashboard`` on ``url`` (with ``options``, e.g. ``--token``); its base."""
+    proc = start_cli(url, ["--url", url, "dashboard", "--port", "0", *options], "dashboard at")
+    served.append(proc)
+    return proc.url
+
+
 @pytest.fixture
 def served() -> Iterator[list[Served]]:
     """Processes started by the test, killed at its end whatever happened."""
@@ -93,6 +101,29 @@ class Reply:
     status: int
     headers: dict[str, str]
     body: str
+
+
+class _FormReader(html.parser.HTMLParser):
+    """The hidden inputs of one form, found by its ``action``."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__()
+        self.action = action
+        self.inside = False
+        self.found = False
+        self.fields: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "form":
+            self.inside = values.get("action") == self.action
+            self.found = self.found or self.inside
+        elif tag == "input" and self.inside and values.get("type") == "hidden":
+            self.fields[values.get("name") or ""] = values.get("value") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self.inside = False
 
 
 class Client:
@@ -124,6 +155,16 @@ class Client:
             body = exc.read().decode()
             exc.close()
             return Reply(exc.code, dict(exc.headers), body)
+
+    def form_fields(self, path: str, action: str) -> dict[str, str]:
+        """The hidden fields of the form posting to ``action`` on the page at ``path``: what
+        a browser would send when its button is clicked."""
+        reply = self.request(path)
+        assert reply.status == 200, reply.body
+        reader = _FormReader(action)
+        reader.feed(reply.body)
+        assert reader.found, f"no form posting to {action} on {path}"
+        return reader.fields
 
     def csrf(self, path: str = "/login") -> str:
         """The CSRF token the page at ``path`` puts in its forms."""

@@ -22,12 +22,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobguard import App, Context
+from jobguard import App, Context, Retry
 from tests.support import stores
 
 SLEEP = "sleep"
 KILL_SELF = "kill_self"
 NOOP = "noop"
+BACKOFF = "backoff"
+LONG_BACKOFF_S = 3600.0
+SLOTTED = "slotted"
+SLOT_LIMIT = 3
+SLOT_TTL_S = 3.0
 KILL_SELF_MAX_ATTEMPTS = 3
 AWAIT_LOST_S = 15.0
 
@@ -151,9 +156,31 @@ def make_app(url: str, *, visibility_timeout_s: float = 1.0) -> App:
         record(url, ctx, "start")
         os.kill(os.getpid(), signal.SIGKILL)
 
+    @app.task(
+        name=SLOTTED,
+        visibility_timeout_s=SLOT_TTL_S,
+        lock_ttl_s=SLOT_TTL_S,
+        max_attempts=10,
+        concurrency_key="account:{account}",
+        concurrency_limit=SLOT_LIMIT,
+    )
+    def slotted(ctx: Context, account: int, sleep_s: float) -> None:
+        """At most ``SLOT_LIMIT`` run at once per account: record start, sleep, record end."""
+        record(url, ctx, "start")
+        time.sleep(sleep_s)
+        record(url, ctx, "end")
+
     @app.task(name=NOOP, visibility_timeout_s=visibility_timeout_s)
     def noop(ctx: Context, n: int = 0) -> None:
         """Record one ``end`` event and return."""
+        record(url, ctx, "end")
+
+    @app.task(name=BACKOFF, visibility_timeout_s=visibility_timeout_s, max_attempts=3)
+    def backoff(ctx: Context) -> None:
+        """Record ``start``; the first attempt asks to be retried in an hour, the next ends."""
+        record(url, ctx, "start")
+        if ctx.attempt == 1:
+            raise Retry("first attempt: come back in an hour", delay_s=LONG_BACKOFF_S)
         record(url, ctx, "end")
 
     return app

@@ -66,6 +66,11 @@ def show(state: CliState, job_id: int, as_json: bool) -> None:
         f"operation key: {job.operation_key or '-'}",
         f"resource key:  {job.resource_key or '-'}",
         f"dedup key:     {job.dedup_key or '-'}",
+        *(
+            [f"concurrency:   {job.concurrency_key} (at most {job.concurrency_limit} at once)"]
+            if job.concurrency_key
+            else []
+        ),
         f"created:       {when(job.created_at)} UTC",
         f"buried:        {when(job.finished_at)} UTC",
         "payload:",
@@ -119,10 +124,11 @@ def replay(
             )
         )
         return
-    if confirm_selection(app, selection, "Replay", yes) == 0:
+    preview = confirm_selection(app, selection, "Replay", yes)
+    if preview.count == 0:
         click.echo("nothing replayed")
         return
-    report = app.replay_dead(selection, actor=actor(), batch_size=batch_size)
+    report = app.replay_dead(preview.selection, actor=actor(), batch_size=batch_size)
     for dead_id, holder_id in report.held:
         click.echo(
             f"job {dead_id} not replayed: job {holder_id} holds its dedup key "
@@ -160,8 +166,9 @@ def purge(
         if purged == 0:
             raise NotFoundError(f"job {job_id} left the dead letter queue before it was purged")
     else:
-        if confirm_selection(app, selection, "Purge", yes) == 0:
+        preview = confirm_selection(app, selection, "Purge", yes)
+        if preview.count == 0:
             click.echo("nothing purged")
             return
-        purged = app.purge_dead(selection, actor=actor(), batch_size=batch_size)
+        purged = app.purge_dead(preview.selection, actor=actor(), batch_size=batch_size)
     click.echo(f"purged {purged} dead job{'s' if purged != 1 else ''}")

@@ -43,6 +43,7 @@ COMMANDS = {
     "enqueue": "jobguard.cli.jobs_cmd:enqueue",
     "jobs": "jobguard.cli.jobs_cmd:jobs",
     "attempts": "jobguard.cli.jobs_cmd:attempts",
+    "cancel": "jobguard.cli.cancel_cmd:cancel",
     "dlq": "jobguard.cli.dlq_cmd:dlq",
     "demo": "jobguard.cli.demo_cmd:demo",
     "doctor": "jobguard.cli.doctor_cmd:doctor",
@@ -53,11 +54,13 @@ COMMANDS = {
     "scheduler": "jobguard.cli.schedule_cmd:scheduler",
     "schedules": "jobguard.cli.schedule_cmd:schedules",
     "queue": "jobguard.cli.queue_cmd:queue",
+    "retry-now": "jobguard.cli.retry_cmd:retry_now",
 }
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
 SHORT_HELP = {
     "attempts": "Show the attempt log of a job or an operation (G10.1).",
+    "cancel": "Cancel a queued, scheduled or running job.",
     "demo": "Run the order-fulfillment demo under injected faults.",
     "dlq": "Inspect, replay and purge the dead letter queue (G8).",
     "doctor": "Find overlaps, tight timeouts, retry spikes and missing traces (G10.2-G10.5).",
@@ -68,6 +71,7 @@ SHORT_HELP = {
     "migrate": "Apply the store's schema migrations (--dry-run shows the SQL).",
     "prune": "Delete old completed jobs and their attempts (retention).",
     "queue": "Pause, resume and list queues.",
+    "retry-now": "Run a job waiting on its backoff now.",
     "scheduler": "Enqueue each tick of the periodic tasks as one job.",
     "schedules": "List the periodic tasks, their next fire times and last tick.",
     "worker": "Run a worker process.",
