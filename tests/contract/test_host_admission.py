@@ -5,13 +5,20 @@ to the first delivery, a live lease holding off the others (nothing written), a 
 handing deliveries back until then, an expired lease taken over (its attempt closed as lost, or
 the job buried when its attempts are spent), a dead job acked, a completed one followed by a
 new job for a late duplicate; each lease with an attempt naming the host's delivery.
+
+QueuePort.reserve_host_job: a deduplicated send carries out :func:`jobguard.core.hosts.reservation`
+the same way: a new job, the live one holding the key, or a live one left due with no delivery
+for ``unsent_s`` taken over by the send.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 from jobguard.backends.base import Backend, Closing, DeliveryRules, ErrorInfo, HostAdmission
 from jobguard.core.hosts import Admit
-from jobguard.models import DeadCode, JobSpec, JobStatus, Outcome
+from jobguard.models import DeadCode, Job, JobSpec, JobStatus, Outcome
 from jobguard.testing import ControlledClock
 from tests.support.ports import bury, finish, guard_of, retry
 
@@ -120,3 +127,68 @@ def test_a_buried_job_acks_its_deliveries_until_it_is_replayed(
     replayed = admit(backend, "celery:replay#0")
     assert replayed.admit == Admit.LEASE
     assert replayed.job_id == first.job_id
+
+
+def reserve(backend: Backend, message: str, unsent_s: float = 30.0, order: int = 1) -> Job:
+    """A deduplicated send of ``order`` whose host message would be ``message``."""
+    headers = json.dumps({"jobguard.host_id": message})
+    return backend.reserve_host_job(replace(spec(order), headers=headers), unsent_s)
+
+
+def test_a_send_reserves_the_operation_and_holds_off_the_next_while_a_delivery_may_come(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    first = reserve(backend, "m1")
+    assert not first.deduplicated
+    assert first.status == JobStatus.QUEUED
+    clock.advance(29)
+    held = reserve(backend, "m2")  # the first message may still be on its way
+    assert held.deduplicated
+    assert (held.id, held.headers) == (first.id, first.headers)
+    assert not reserve(backend, "m3", order=2).deduplicated  # another operation
+
+
+def test_a_reservation_no_delivery_took_within_unsent_s_is_taken_over_by_the_next_send(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """Its producer died between storing it and sending its message: the key frees itself."""
+    first = reserve(backend, "m1")
+    clock.advance(30)
+    retaken = reserve(backend, "m2")
+    assert not retaken.deduplicated  # this send sends again
+    assert retaken.id == first.id
+    assert json.loads(retaken.headers or "{}") == {"jobguard.host_id": "m2"}
+    clock.advance(29)
+    again = reserve(backend, "m3")  # due from the retake on: held again
+    assert again.deduplicated
+    assert again.headers == retaken.headers
+    # The new message's delivery leases the same job.
+    assert admit(backend, "celery:m2#0").job_id == first.id
+
+
+def test_a_running_job_is_held_while_its_lease_lives_and_retaken_once_long_expired(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """A delivery that died with the host's message lost (in flight nowhere) frees the key
+    ``unsent_s`` after its lease expired; a live lease never does."""
+    reserve(backend, "m1")
+    assert admit(backend, "celery:m1#0").admit == Admit.LEASE
+    clock.advance(LEASE_S + 29)
+    assert reserve(backend, "m2").deduplicated  # expired, but a delivery may still come
+    clock.advance(1)
+    retaken = reserve(backend, "m3")
+    assert not retaken.deduplicated
+    assert admit(backend, "celery:m3#0").admit == Admit.LEASE  # the lost attempt closed
+    outcomes = [a.outcome for a in backend.attempts(job_id=retaken.id)]
+    assert outcomes == [Outcome.LOST, Outcome.RUNNING]
+
+
+def test_a_completed_job_does_not_hold_the_key(backend: Backend, clock: ControlledClock) -> None:
+    first = reserve(backend, "m1")
+    admitted = admit(backend, "celery:m1#0")
+    assert admitted.admit == Admit.LEASE  # the reserved job, not a new one
+    assert admitted.prepared is not None
+    finish(backend, guard_of(admitted.prepared.delivery), Closing(0.1))
+    second = reserve(backend, "m2")
+    assert not second.deduplicated
+    assert second.id != first.id

@@ -50,7 +50,7 @@ def fulfil(ctx: Any, order_id: int) -> None:
     workload.fulfil_guarded(ctx, order_id)
 
 
-@guard.task(**workload.GUARDED_FRAGILE)
+@guard.task(**workload.guarded_fragile())
 def fragile(ctx: Any, order_id: int) -> None:
     """A guarded task that fails fatally until the warehouse is fixed."""
     workload.fulfil_fragile(ctx, order_id)

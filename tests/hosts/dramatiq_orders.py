@@ -23,6 +23,7 @@ broker = RedisBroker(
     maintenance_chance=100_000,
 )
 dramatiq.set_broker(broker)
+TIME_LIMIT_MS = 60_000  # the order actor's time limit, which the guard records for the doctor
 store = jobguard.App(os.environ["HOSTQ_STORE"])
 guard = DramatiqGuard(broker, store)
 
@@ -33,13 +34,13 @@ def fulfil_plain(order_id: int) -> None:
     workload.fulfil_plain(order_id)
 
 
-@guard.actor(**workload.GUARDED, queue_name="orders")
+@guard.actor(**workload.GUARDED, queue_name="orders", time_limit=TIME_LIMIT_MS)
 def fulfil(ctx: Any, order_id: int) -> None:
     """The same actor, guarded."""
     workload.fulfil_guarded(ctx, order_id)
 
 
-@guard.actor(**workload.GUARDED_FRAGILE, queue_name="orders")
+@guard.actor(**workload.guarded_fragile(), queue_name="orders")
 def fragile(ctx: Any, order_id: int) -> None:
     """A guarded task that fails fatally until the warehouse is fixed."""
     workload.fulfil_fragile(ctx, order_id)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import redis
@@ -42,6 +41,7 @@ def celery_host(broker_url: str, guarded: bool) -> Host:
         "celery", command, "ready.", task.delay, drained,
         send_fragile=celery_orders.fragile.delay,
         queued=lambda: client.llen("orders"),
+        limit_s=celery_orders.VISIBILITY_TIMEOUT_S,
     )  # fmt: skip
 
 
@@ -65,12 +65,15 @@ def rq_host(broker_url: str, guarded: bool) -> Host:
             and queue.scheduled_job_registry.count == 0
         )
 
-    rq = str(Path(sys.executable).with_name("rq"))
-    command = [rq, "worker", "--with-scheduler", "-u", broker_url, "orders"]
+    # RQ's CLI with the jobs module imported first (RQ's way to preload libraries): each forked
+    # work-horse inherits it instead of importing it, and its guard, again for every job.
+    cli = "import tests.hosts.rq_orders; from rq.cli import main; main()"
+    command = [sys.executable, "-c", cli, "worker", "--with-scheduler", "-u", broker_url, "orders"]
     return Host(
         "rq", command, "Listening on", send, drained,
         send_fragile=lambda order_id: rq_orders.fragile.enqueue(rq_orders.queue, order_id),
         queued=lambda: client.llen("rq:queue:orders"),
+        limit_s=rq_orders.JOB_TIMEOUT_S,
     )  # fmt: skip
 
 
@@ -94,6 +97,7 @@ def dramatiq_host(broker_url: str, guarded: bool) -> Host:
         "dramatiq", command, "is ready for action", actor.send, drained,
         send_fragile=dramatiq_orders.fragile.send,
         queued=lambda: client.hlen("dramatiq:orders.msgs"),
+        limit_s=dramatiq_orders.TIME_LIMIT_MS / 1000,
     )  # fmt: skip
 
 

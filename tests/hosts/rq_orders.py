@@ -16,7 +16,13 @@ import jobguard
 from jobguard.hosts.rq import RQGuard
 from tests.hosts import workload
 
-queue = Queue("orders", connection=redis.Redis.from_url(os.environ["HOSTQ_BROKER"]))
+JOB_TIMEOUT_S = 120  # the queue's job timeout, which the guard records for the doctor
+
+queue = Queue(
+    "orders",
+    connection=redis.Redis.from_url(os.environ["HOSTQ_BROKER"]),
+    default_timeout=JOB_TIMEOUT_S,
+)
 store = jobguard.App(os.environ["HOSTQ_STORE"])
 guard = RQGuard(store, replay_queue=queue)
 
@@ -32,7 +38,7 @@ def fulfil(ctx: Any, order_id: int) -> None:
     workload.fulfil_guarded(ctx, order_id)
 
 
-@guard.job(**workload.GUARDED_FRAGILE)
+@guard.job(**workload.guarded_fragile())
 def fragile(ctx: Any, order_id: int) -> None:
     """A guarded task that fails fatally until the warehouse is fixed."""
     workload.fulfil_fragile(ctx, order_id)

@@ -20,11 +20,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobguard.diagnostics import Severity, diagnose, read_snapshot
 from tests.hosts import workload
+from tests.support import stores
 from tests.support.procs import REPO_ROOT
 
 
@@ -39,6 +41,7 @@ class Host:
     drained: Callable[[], bool]
     send_fragile: Callable[[int], Any]  # the deduplicated task that fails until fixed
     queued: Callable[[], int]  # messages waiting in the broker's queue
+    limit_s: float  # the host's own limit on the order task's run (what redelivers or kills it)
 
 
 @dataclass
@@ -50,6 +53,10 @@ class Outcome:
     overlapping: set[int]
     finished: bool
     seconds: float
+    never_run: set[int] = field(default_factory=set)  # orders whose stock was never cut
+    uninvoiced: set[int] = field(default_factory=set)  # orders whose invoice was never written
+    host: str = ""
+    limit_s: float = 0.0  # the host's own limit on the order task's run
 
 
 def _start(host: Host, env: dict[str, str], output: Path) -> subprocess.Popen[bytes]:
@@ -179,6 +186,29 @@ def run(
     )
 
 
+# A plain run may never settle: Celery restores a task still running past the visibility
+# timeout, and the restored copies of the slow orders (each again longer than the timeout)
+# multiply and stay at the head of the queue, so some orders are never started at all. A plain
+# run ends once every order's stock was cut or once no new order's was for this long (longer
+# than a slow task and the broker's restore period): its duplicates are there by then.
+PLAIN_STALL_S = 4 * workload.SLOW_S
+
+
+class Progress:
+    """When a count last grew (the plain run's end when it stops growing)."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self.count = -1
+        self.changed = time.monotonic()
+
+    def stalled(self, count: int) -> bool:
+        """Whether ``count`` has not grown for ``stall_s``."""
+        if count != self.count:
+            self.count, self.changed = count, time.monotonic()
+        return time.monotonic() - self.changed >= self.stall_s
+
+
 def run_orders(
     make_host: Callable[[str, bool], Host],
     *,
@@ -192,37 +222,80 @@ def run_orders(
 ) -> Outcome:
     """The workload of ``plan`` on 2 workers with ``kills`` SIGKILLs, until it settled: plain,
     until every order's stock was cut (the plain hosts' redeliveries of slow tasks may keep
-    coming long after); guarded, until every order's job is completed or dead and the broker
-    holds nothing."""
+    coming long after) or no new order's was for :data:`PLAIN_STALL_S`; guarded, until every
+    order's job is completed or dead and the broker holds nothing."""
     env = workload.worker_env(store_url, tmp / "events.log", broker_url, plan.slow_every)
     for name in ("HOSTQ_STORE", "HOSTQ_LOG", "HOSTQ_BROKER", "HOSTQ_SLOW_EVERY"):
         monkeypatch.setenv(name, env[name])  # the producer imports the same module
     workload.create_tables(store_url)
     host = make_host(broker_url, guarded)
+    progress = Progress(PLAIN_STALL_S)
 
     def settled() -> bool:
         if not guarded:
-            return len(workload.effect_counts(store_url, workload.CUTS)) == plan.orders
+            cut = len(workload.effect_counts(store_url, workload.CUTS))
+            return cut == plan.orders or progress.stalled(cut)
         return workload.every_order_settled(store_url, workload.TASK, plan.orders) and (
             host.drained()
         )
 
     outcome = run(
         host, store_url=store_url, tmp=tmp, env=env, plan=plan, workers=2, kills=kills,
-        done=settled, timeout_s=120 + plan.orders,
+        done=settled, timeout_s=workload.run_bound_s(plan),
     )  # fmt: skip
-    print(outcome)
+    outcome.host, outcome.limit_s = host.name, host.limit_s
+    orders = set(range(1, plan.orders + 1))
+    outcome.never_run = orders - set(workload.effect_counts(store_url, workload.CUTS))
+    outcome.uninvoiced = orders - set(workload.effect_counts(store_url, workload.INVOICES))
+    print(report(host.name, guarded, store_url, plan, outcome))
     assert outcome.finished
     assert outcome.kills == kills
     return outcome
 
 
+def report(host: str, guarded: bool, store_url: str, plan: workload.Plan, o: Outcome) -> str:
+    """One line of what a run saw (read with ``pytest -s``)."""
+    return (
+        f"{host} {'guarded' if guarded else 'plain'} on {stores.kind_of(store_url)}: "
+        f"{plan.orders} orders, {len(plan.sends)} sends, {o.kills} kills, "
+        f"{len(o.duplicated)} duplicated, {len(o.overlapping)} overlapping, "
+        f"{len(o.never_run)} never run, {len(o.uninvoiced)} without invoice, "
+        f"{len(workload.dead_orders(store_url, workload.TASK))} dead, {o.seconds:.0f} s"
+    )
+
+
 def assert_guarded(outcome: Outcome, store_url: str, plan: workload.Plan) -> None:
     """Acceptance 1 of a guarded run: no duplicate, no overlap, every order completed.
 
-    Each kill costs an order one attempt, far from its max_attempts, so none is dead.
+    Each kill costs an order one attempt, far from its max_attempts, so none is dead. And the
+    doctor reads the run as it reads jobguard's own jobs, judging the durations against the
+    host's own limit.
     """
     assert outcome.duplicated == set()
     assert outcome.overlapping == set()
     assert workload.dead_orders(store_url, workload.TASK) == set()
     assert len(workload.effect_counts(store_url, workload.INVOICES)) == plan.orders
+    assert_doctor_judges_the_host_limit(store_url, outcome.host, outcome.limit_s)
+
+
+def assert_doctor_judges_the_host_limit(store_url: str, host: str, limit_s: float) -> None:
+    """``jobguard doctor``'s durations of the order task: against the limit the host reported
+    on its jobs; a problem where the slow orders outlast it (Celery's 2 s visibility timeout),
+    silent where it leaves room (the lock TTL is judged as for any task)."""
+    backend = stores.open_backend(store_url)
+    try:
+        diagnosis = diagnose(read_snapshot(backend, task=workload.TASK))
+    finally:
+        backend.close()
+    (durations,) = diagnosis.durations
+    assert durations.host_limit is not None
+    assert (durations.host_limit.host, durations.host_limit.timeout_s) == (host, limit_s)
+    settings = {(a.severity, a.setting) for a in durations.advice}
+    # The shadow job's 3 s lease is below the slow runs too, but the heartbeat renews it: it
+    # is not what the host redelivers by, so it is not judged.
+    assert "visibility_timeout_s" not in {setting for _, setting in settings}
+    if limit_s < workload.SLOW_S:
+        assert (Severity.PROBLEM, "host_timeout") in settings
+        assert durations.host_outlasted > 0
+    else:
+        assert "host_timeout" not in {setting for _, setting in settings}

@@ -13,12 +13,12 @@ from tests.hosts import workload
 from tests.hosts.hosts import celery_host
 from tests.hosts.run import assert_guarded, run_orders
 
-pytestmark = pytest.mark.chaos
-
 PLAN, KILLS = workload.size()
 
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(workload.case_timeout_s(PLAN))]
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+
+@pytest.mark.parametrize("store_url", workload.plain_stores(), indirect=True)
 def test_plain_celery_task_cuts_stock_twice_under_redelivery_and_kills(
     store_url: str, broker_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -83,6 +83,8 @@ def no_ctx() -> None:
         (handler, {"operation_key": "order:{customer}"}, "names 'customer'"),
         (handler, {**KEYS, "lock_ttl_s": -1}, "lock_ttl_s"),
         (handler, {**KEYS, "max_attempts": 0}, "max_attempts"),
+        (handler, {**KEYS, "dedup": True, "dedup_unsent_s": 0}, "dedup_unsent_s must be"),
+        (handler, {**KEYS, "dedup_unsent_s": "soon"}, "dedup_unsent_s must be"),
     ],
 )
 def test_functions_and_options_that_cannot_be_guarded_are_refused_on_every_host(
@@ -121,6 +123,8 @@ def test_an_unreachable_store_is_refused_when_the_guard_is_made() -> None:
         CeleryGuard(celery_app, unreachable)
     with pytest.raises(StoreUnavailableError, match="cannot be used"):
         RQGuard(unreachable)
+    with pytest.raises(StoreUnavailableError, match="cannot be used"):
+        DramatiqGuard(StubBroker(), unreachable)
 
 
 def test_a_store_given_as_a_backend_object_is_refused(tmp_path: Path) -> None:
@@ -148,10 +152,32 @@ def test_a_dramatiq_broker_without_retries_is_refused(store: jobguard.App) -> No
         DramatiqGuard(broker, store)
 
 
-def test_dramatiq_options_that_break_the_promise_are_refused(store: jobguard.App) -> None:
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_retries": 3}, "max_retries= is refused"),
+        ({"retry_when": lambda retries, exc: True}, "retry_when= is refused"),
+        ({"throws": (ValueError,)}, "throws= is refused"),
+        ({"min_backoff": 10}, "min_backoff= is refused"),
+        ({"max_backoff": 10}, "max_backoff= is refused"),
+        ({"time_limit": 0}, "time_limit must be a positive number of milliseconds"),
+    ],
+)
+def test_dramatiq_options_that_break_the_promise_are_refused(
+    store: jobguard.App, options: dict[str, Any], message: str
+) -> None:
     guard = DramatiqGuard(StubBroker(), store)
-    with pytest.raises(ConfigurationError, match="max_retries= is refused"):
-        guard.actor(**KEYS, max_retries=3)(handler)
+    with pytest.raises(ConfigurationError, match=message):
+        guard.actor(**KEYS, **options)(handler)
+
+
+def test_rq_options_it_does_not_know_and_a_replay_queue_that_is_no_queue_are_refused(
+    store: jobguard.App,
+) -> None:
+    with pytest.raises(ConfigurationError, match=r"unknown option\(s\) job_timeout"):
+        RQGuard(store).job(**KEYS, job_timeout=30)(handler)
+    with pytest.raises(ConfigurationError, match=r"replay_queue must be an rq\.Queue"):
+        RQGuard(store, replay_queue="orders")  # type: ignore[arg-type]
 
 
 def test_jobguard_imports_and_runs_without_any_host_package(tmp_path: Path) -> None:
@@ -178,12 +204,15 @@ def test_jobguard_imports_and_runs_without_any_host_package(tmp_path: Path) -> N
         note.enqueue(n=1)
         app.worker(install_signal_handlers=False).run(burst=True)
         assert app.counts()[jobguard.JobStatus.COMPLETED] == 1
-        try:
-            import jobguard.hosts.celery
-        except ImportError as exc:
-            assert "pip install 'jobguard[celery]'" in str(exc), exc
-        else:
-            raise AssertionError("jobguard.hosts.celery imported without Celery")
+        import importlib
+
+        for host in ("celery", "rq", "dramatiq"):
+            try:
+                importlib.import_module(f"jobguard.hosts.{host}")
+            except ImportError as exc:
+                assert f"pip install 'jobguard[{host}]'" in str(exc), exc
+            else:
+                raise AssertionError(f"jobguard.hosts.{host} imported without its host")
         print("OK")
         """
     )

@@ -82,7 +82,9 @@ def test_task_whose_lock_owner_died_continues_from_its_last_step_after_the_lock_
     assert attempts[0].outcome == Outcome.LOST  # taken over once its lease expired
     (final,) = [a for a in attempts if a.outcome == Outcome.COMPLETED]
     assert (final.steps_skipped, final.steps_run) == (1, 1)  # from step 2, not the start
-    # A new grant of the lock: only once the dead owner's TTL had passed.
+    # A new grant of the lock: only once the dead owner's TTL had passed (it was granted when
+    # the killed delivery started, and renewed until the kill).
     assert final.fence is not None
     assert final.fence > killed.fence
+    assert final.started_at >= killed.started_at + workload.GUARDED["lock_ttl_s"]
     assert all(a.host_delivery and a.host_delivery.startswith(f"{host_name}:") for a in attempts)

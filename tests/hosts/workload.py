@@ -40,14 +40,21 @@ GUARDED: dict[str, Any] = {
 }
 
 FRAGILE = "orders.fragile"
-# A task that fails fatally until the warehouse is fixed (a marker file beside the event log),
-# deduplicated at the producer.
-GUARDED_FRAGILE: dict[str, Any] = {
-    "name": FRAGILE,
-    "operation_key": "fragile-order:{order_id}",
-    "dedup": True,
-    "visibility_timeout_s": 3,
-}
+
+
+def guarded_fragile() -> dict[str, Any]:
+    """The guard's options of a task that fails fatally until the warehouse is fixed (a marker
+    file beside the event log), deduplicated at the producer. Its reservation waits
+    ``HOSTQ_UNSENT_S`` (300 s unless the test says) for a first delivery, read when a tasks
+    module is made, so a test of a producer killed before sending can shorten it."""
+    return {
+        "name": FRAGILE,
+        "operation_key": "fragile-order:{order_id}",
+        "dedup": True,
+        "visibility_timeout_s": 3,
+        "dedup_unsent_s": float(os.environ.get("HOSTQ_UNSENT_S", "300")),
+    }
+
 
 CUTS = "stock_cuts"
 INVOICES = "invoices"
@@ -81,6 +88,23 @@ def size() -> tuple[Plan, int]:
     orders = int(os.environ.get("TEST_HOST_ORDERS", "20"))
     kills = int(os.environ.get("TEST_HOST_KILLS", "3"))
     return Plan.make(orders=orders, slow_every=10), kills
+
+
+def run_bound_s(plan: Plan) -> float:
+    """How long a run may take before it is judged unfinished (the issue's size needs more
+    than the suite's)."""
+    return 120.0 + 2.0 * plan.orders
+
+
+def case_timeout_s(plan: Plan) -> float:
+    """The pytest timeout of a run's test: the run's bound, and its start and judging."""
+    return run_bound_s(plan) + 120.0
+
+
+def plain_stores() -> list[str]:
+    """The stores the plain runs use: SQLite in the suite (the plain host's duplicates do not
+    depend on the store), both when a larger workload is asked for."""
+    return ["sqlite", "postgres"] if "TEST_HOST_ORDERS" in os.environ else ["sqlite"]
 
 
 def worker_env(store_url: str, log: Path, broker_url: str, slow_every: int) -> dict[str, str]:

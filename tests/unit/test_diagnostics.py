@@ -6,6 +6,7 @@ end-to-end versions against a real store and real workers are in ``tests/e2e/tes
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from typing import Any
@@ -24,6 +25,7 @@ from jobguard.diagnostics.durations import (
     percentile,
     recommended_s,
     task_durations,
+    timeout_findings,
 )
 from jobguard.diagnostics.findings import Kind
 from jobguard.diagnostics.outages import WINDOW_S, find_outages, outage_findings
@@ -402,6 +404,69 @@ def test_lock_ttl_is_judged_like_the_visibility_timeout() -> None:
     [advice] = advise(stats(visibility_timeout_s=60.0, lock_ttl_s=3.0, runs=5, lease_refused=1))
     assert (advice.severity, advice.setting) == (Severity.HINT, "lock_ttl_s")
     assert advise(stats(visibility_timeout_s=60.0, lock_ttl_s=None)) == ()
+
+
+def host_headers(host: str, timeout_s: Any) -> str:
+    return json.dumps({"jobguard.host": host, "jobguard.host_timeout_s": timeout_s})
+
+
+def test_a_host_task_is_judged_against_its_hosts_limit_not_its_shadow_lease() -> None:
+    """A guarded Celery task whose runs outlast the broker's 2 s visibility timeout is a
+    problem though its shadow job's lease (renewed by the heartbeat) is comfortable; each run
+    longer than the limit is counted as evidence, and the finding names Celery's setting."""
+    attempts = [attempt(job_id=n, duration_s=d) for n, d in ((1, 0.5), (2, 5.0), (3, 5.2))]
+    jobs = {
+        n: job(id=n, visibility_timeout_s=60.0, headers=host_headers("celery", 2))
+        for n in (1, 2, 3)
+    }
+    (stats,) = task_durations(attempts, jobs)
+    assert stats.host_limit is not None
+    assert (stats.host_limit.host, stats.host_limit.timeout_s) == ("celery", 2.0)
+    assert stats.host_outlasted == 2
+    (advice,) = stats.advice
+    assert (advice.severity, advice.setting) == (Severity.PROBLEM, "host_timeout")
+    assert "celery's broker_transport_options['visibility_timeout']=2 is below" in advice.message
+    assert "2 runs outlasted it" in advice.message
+    assert advice.recommended_s == recommended_s(5.2, 5.2)
+    (finding,) = timeout_findings([stats])
+    assert (finding.kind, finding.numbers["timeout_s"], finding.numbers["refused"]) == (
+        Kind.LEASE,
+        2.0,
+        2,
+    )
+
+
+def test_a_host_limit_with_room_says_nothing_even_over_a_short_shadow_lease() -> None:
+    """RQ's job timeout far above the runs: no advice, although the shadow lease is below the
+    longest run and a delivery was refused on it (that would be a problem for a task of
+    jobguard's own); a limit near p99 warns, naming the host's setting."""
+    attempts = [attempt(job_id=1, duration_s=5.0), attempt(job_id=1, duration_s=4.0)]
+    attempts.append(attempt(job_id=1, duration_s=None, outcome=Outcome.LEASE_REFUSED))
+    short_lease = job(id=1, visibility_timeout_s=3.0, headers=host_headers("rq", 180))
+    (stats,) = task_durations(attempts, {1: short_lease})
+    assert stats.lease_refused == 1
+    assert stats.advice == ()
+    near = job(id=1, visibility_timeout_s=3.0, headers=host_headers("dramatiq", 6))
+    (stats,) = task_durations(attempts, {1: near})
+    (advice,) = stats.advice
+    assert (advice.severity, advice.setting) == (Severity.WARNING, "host_timeout")
+    assert "dramatiq's time_limit=6 is less than 2x the p99" in advice.message
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [None, "not json", "[1]", json.dumps({"jobguard.host_id": "m1"}), host_headers("celery", 0),
+     host_headers("celery", "2"), host_headers("sidekiq", 2), host_headers("rq", True)],
+)  # fmt: skip
+def test_headers_without_a_usable_host_limit_leave_the_shadow_lease_judged(
+    headers: str | None,
+) -> None:
+    """A job of jobguard's own, a host reporting no limit, or stored headers that do not hold a
+    usable one: the task is judged on its lease as before."""
+    attempts = [attempt(duration_s=5.0), attempt(duration_s=None, outcome=Outcome.LEASE_REFUSED)]
+    (stats,) = task_durations(attempts, {1: job(visibility_timeout_s=3.0, headers=headers)})
+    assert stats.host_limit is None
+    assert [a.setting for a in stats.advice] == ["visibility_timeout_s"]
 
 
 def test_long_tail_hint_needs_a_timeout_finding_and_enough_runs() -> None:

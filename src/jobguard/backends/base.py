@@ -290,6 +290,17 @@ class QueuePort(Protocol):
         nothing is written.
         """
 
+    def reserve_host_job(self, spec: JobSpec, unsent_s: float) -> Job:
+        """A deduplicated send of a host queue's task (``jobguard.hosts``): its shadow job.
+
+        Atomic, and taking turns with other sends and admissions of ``spec.dedup_key``. As
+        :func:`jobguard.core.hosts.reservation` decides: a job is stored from ``spec`` (not
+        ``deduplicated``: send); or the live one is returned ``deduplicated`` (send nothing);
+        or the live one has been due for ``unsent_s`` with no delivery taking it, and is
+        taken over: its headers become ``spec.headers`` (the new message's id), it is due
+        from now, and it is returned not ``deduplicated`` (send again).
+        """
+
     def wait_for_jobs(self, queues: Sequence[str], timeout_s: float) -> None:
         """Block until an enqueue may have added work to ``queues``, or ``timeout_s`` passed.
 

@@ -82,7 +82,10 @@ def _print_durations(out: Console, durations: Sequence[TaskDurations]) -> None:
                     duration(d.p95_s),
                     duration(d.p99_s),
                     duration(d.max_s),
-                    duration(d.visibility_timeout_s),
+                    # A host queue's task: its host's limit, the one that redelivers it.
+                    duration(d.visibility_timeout_s)
+                    if d.host_limit is None
+                    else f"{duration(d.host_limit.timeout_s)} ({d.host_limit.host})",
                     duration(d.lock_ttl_s),
                 ]
                 for d in durations

@@ -209,7 +209,10 @@ def doctor(app: App, query: Params) -> Page:
     histograms = []
     for stats in diagnosis.durations:
         lines = []
-        if stats.visibility_timeout_s is not None:
+        limit = stats.host_limit
+        if limit is not None:  # a host queue's task: the limit that makes its host redeliver
+            lines.append(charts.Line(limit.timeout_s, f"{limit.host} {limit.setting}", "#c62828"))
+        elif stats.visibility_timeout_s is not None:
             lines.append(charts.Line(stats.visibility_timeout_s, "visibility timeout", "#c62828"))
         if stats.lock_ttl_s is not None:
             lines.append(charts.Line(stats.lock_ttl_s, "lock TTL", "#ef6c00"))

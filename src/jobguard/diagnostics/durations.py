@@ -14,15 +14,23 @@ timeout), or a refused delivery that held a resource lock (``fence_refused``, or
 ``lease_refused`` with a fence, for the lock TTL). Without such evidence the same finding is a
 hint. A delivery refused because its whole worker process stood still (:mod:`.stalls`) is
 neither: it is left out, and reported as a stall.
+
+A guarded task of a host queue (``jobguard.hosts``) is judged against its host's own limit
+where the host reports one (Celery's visibility timeout, RQ's job timeout, Dramatiq's time
+limit, recorded on its jobs), not against the lease of its shadow job, which the heartbeat
+renews: a run that outlasts the host's limit is delivered again or cut off by the host, which
+is the evidence.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from jobguard.core.hosts import HostLimit, host_limit
 from jobguard.diagnostics.findings import Finding, Kind, Severity
 from jobguard.diagnostics.stalls import stalled_s
 from jobguard.models import Attempt, Job, Outcome
@@ -55,7 +63,8 @@ class Advice:
 
     severity: Severity
     setting: str
-    """``visibility_timeout_s``, ``lock_ttl_s`` or ``queue``."""
+    """``visibility_timeout_s``, ``lock_ttl_s``, ``host_timeout`` (a host queue's own limit)
+    or ``queue``."""
     message: str
     recommended_s: float | None = None
 
@@ -80,6 +89,11 @@ class TaskDurations:
     """Refused deliveries of the task that held a resource lock: evidence the lock TTL was too
     short."""
     advice: tuple[Advice, ...]
+    host_limit: HostLimit | None = None
+    """A host queue's limit on one delivery (the shortest among the task's jobs), which the
+    task is judged against instead of ``visibility_timeout_s``; ``None`` for other tasks."""
+    host_outlasted: int = 0
+    """Runs longer than ``host_limit``: each was delivered again or cut off by its host."""
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:
@@ -147,13 +161,49 @@ def _timeout_advice(
     return None
 
 
+def _host_advice(stats: TaskDurations, limit: HostLimit) -> Advice | None:
+    """A host's limit judged against the durations: every run that outlasted it is evidence
+    (the host delivered it again, or cut it off)."""
+    target = recommended_s(stats.p99_s, stats.max_s)
+    name = f"{limit.host}'s {limit.setting}={limit.timeout_s:g}"
+    if limit.timeout_s < stats.max_s:
+        runs = "1 run" if stats.host_outlasted == 1 else f"{stats.host_outlasted} runs"
+        return Advice(
+            Severity.PROBLEM,
+            "host_timeout",
+            f"{name} is below the longest run ({stats.max_s:.2f} s): {runs} outlasted it, and "
+            f"{limit.consequence}; raise {limit.setting} to at least {target:g}",
+            target,
+        )
+    if limit.timeout_s < HEADROOM * stats.p99_s:
+        return Advice(
+            Severity.WARNING,
+            "host_timeout",
+            f"{name} is less than {HEADROOM:g}x the p99 duration ({stats.p99_s:.2f} s): a run "
+            f"a little slower than usual outlasts it, and {limit.consequence}; raise "
+            f"{limit.setting} to at least {target:g}",
+            target,
+        )
+    return None
+
+
 def advise(stats: TaskDurations) -> tuple[Advice, ...]:
-    """Advice for one task's timeouts from its distribution (the ``advice`` field is ignored)."""
+    """Advice for one task's timeouts from its distribution (the ``advice`` field is ignored).
+
+    A host queue's task with a host limit is judged against that limit; its shadow job's lease
+    (renewed by the heartbeat) is not what makes its host deliver it again.
+    """
     found: list[Advice] = []
+    if stats.host_limit is not None:
+        host_advice = _host_advice(stats, stats.host_limit)
+        if host_advice is not None:
+            found.append(host_advice)
     for setting, timeout_s, refused in (
         ("visibility_timeout_s", stats.visibility_timeout_s, stats.lease_refused),
         ("lock_ttl_s", stats.lock_ttl_s, stats.lock_lost),
     ):
+        if setting == "visibility_timeout_s" and stats.host_limit is not None:
+            continue
         if timeout_s is not None:
             advice = _timeout_advice(setting, timeout_s, stats, refused)
             if advice is not None:
@@ -183,6 +233,19 @@ def _smallest(values: Iterable[float | None]) -> float | None:
     return min(present) if present else None
 
 
+def _host_limit_of(job: Job) -> HostLimit | None:
+    try:
+        headers = json.loads(job.headers or "{}")
+    except ValueError:
+        return None  # not headers of a host job
+    return host_limit(headers) if isinstance(headers, dict) else None
+
+
+def _shortest_limit(jobs: Iterable[Job]) -> HostLimit | None:
+    limits = [limit for limit in map(_host_limit_of, jobs) if limit is not None]
+    return min(limits, key=lambda limit: limit.timeout_s) if limits else None
+
+
 def task_durations(attempts: Iterable[Attempt], jobs: Mapping[int, Job]) -> list[TaskDurations]:
     """The distribution and advice of every task with at least one measured run, by name.
 
@@ -206,6 +269,7 @@ def task_durations(attempts: Iterable[Attempt], jobs: Mapping[int, Job]) -> list
     for task in sorted(durations):
         values = sorted(durations[task])
         task_jobs = [jobs[job_id] for job_id in job_ids[task] if job_id in jobs]
+        limit = _shortest_limit(task_jobs)
         stats = TaskDurations(
             task=task,
             runs=len(values),
@@ -218,6 +282,8 @@ def task_durations(attempts: Iterable[Attempt], jobs: Mapping[int, Job]) -> list
             lease_refused=lease_refused[task],
             lock_lost=lock_lost[task],
             advice=(),
+            host_limit=limit,
+            host_outlasted=0 if limit is None else sum(v > limit.timeout_s for v in values),
         )
         found.append(replace(stats, advice=advise(stats)))
     return found
@@ -226,10 +292,13 @@ def task_durations(attempts: Iterable[Attempt], jobs: Mapping[int, Job]) -> list
 def _timeout_finding(d: TaskDurations, advice: Advice) -> Finding:
     lock = advice.setting == "lock_ttl_s"
     timeout_s = d.lock_ttl_s if lock else d.visibility_timeout_s
+    refused = d.lock_lost if lock else d.lease_refused
+    if advice.setting == "host_timeout" and d.host_limit is not None:
+        timeout_s, refused = d.host_limit.timeout_s, d.host_outlasted
     numbers = {
         "max_s": d.max_s,
         "p99_s": d.p99_s,
-        "refused": d.lock_lost if lock else d.lease_refused,
+        "refused": refused,
     }
     if timeout_s is not None:
         numbers["timeout_s"] = timeout_s

@@ -122,13 +122,16 @@ class CeleryGuard(HostGuard):
         cap = NO_VISIBILITY_CAP_S if visibility_s is None else visibility_s / 2
         super().__init__("celery", store, max_hand_back_s=cap)
         self.celery_app = celery_app
+        self.visibility_timeout_s = visibility_s
 
     def task(self, **options: Any) -> Callable[[Callable[..., Any]], Any]:
         """Make a guarded Celery task of ``fn(ctx, ...)``.
 
         jobguard's options (``operation_key`` is required; ``resource_key``, ``lock_ttl_s``,
         ``visibility_timeout_s`` — the shadow job's lease —, ``max_attempts``, ``backoff_*``,
-        ``fatal``, ``transient``, ``poison_threshold``, ``max_defer_s``, ``dedup``, ``name``)
+        ``fatal``, ``transient``, ``poison_threshold``, ``max_defer_s``, ``dedup``,
+        ``dedup_unsent_s`` — how long a deduplicated send's reservation waits for its first
+        delivery before the next send sends again, default 300 —, ``name``)
         are taken here; every other option goes to ``celery_app.task`` (``queue``...), except
         those that would let Celery decide what jobguard decides, which are refused.
         """
@@ -143,7 +146,7 @@ class CeleryGuard(HostGuard):
 
         def register(fn: Callable[..., Any]) -> Any:
             name = guard_options.pop("name", None) or f"{fn.__module__}.{fn.__qualname__}"
-            self.define(fn, name, guard_options)
+            self.define(fn, name, guard_options, host_timeout_s=self.visibility_timeout_s)
 
             def run(task: CeleryTask, *args: Any, **kwargs: Any) -> None:
                 return self._deliver(task, name, args, kwargs)

@@ -29,7 +29,7 @@ from typing import Any
 
 try:
     import dramatiq
-    from dramatiq.middleware import CurrentMessage, Retries
+    from dramatiq.middleware import CurrentMessage, Retries, TimeLimit
 except ImportError as exc:  # the host is an optional extra
     raise ImportError(
         f"jobguard.hosts.dramatiq needs Dramatiq: pip install 'jobguard[dramatiq]' ({exc})"
@@ -126,7 +126,8 @@ class DramatiqGuard(HostGuard):
 
         def register(fn: Callable[..., Any]) -> GuardedActor:
             name = guard_options.pop("name", None) or f"{fn.__module__}.{fn.__qualname__}"
-            self.define(fn, name, guard_options)
+            limit = self.time_limit_s(host_options.get("time_limit"))
+            self.define(fn, name, guard_options, host_timeout_s=limit)
 
             def run(*args: Any, **kwargs: Any) -> None:
                 self._deliver(name, args, kwargs)
@@ -150,12 +151,28 @@ class DramatiqGuard(HostGuard):
 
         return register
 
+    def time_limit_s(self, given_ms: Any) -> float | None:
+        """The time limit of an actor (its own ``time_limit``, else the broker's ``TimeLimit``
+        middleware's), in seconds; ``None`` when nothing limits it."""
+        if given_ms is None:
+            limits = [m for m in self.broker.middleware if isinstance(m, TimeLimit)]
+            given_ms = limits[0].time_limit if limits else None
+        if given_ms is None:
+            return None
+        if not isinstance(given_ms, int | float) or isinstance(given_ms, bool) or given_ms <= 0:
+            raise ConfigurationError(
+                f"time_limit must be a positive number of milliseconds, not {given_ms!r}"
+            )
+        return given_ms / 1000.0
+
     def _deliver(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         arguments = self.arguments(name, args, kwargs)
         message = CurrentMessage.get_current_message()
         retries = message.options.get("retries", 0) if message is not None else 0
         delivery = f"{message.message_id}#{retries}" if message else f"direct-{uuid.uuid4()}"
-        verdict = self.run(name, arguments, delivery)
+        given = message.options.get("time_limit") if message is not None else None
+        limit = self.time_limit_s(given) if given is not None else None
+        verdict = self.run(name, arguments, delivery, host_timeout_s=limit)
         if verdict.verdict == Verdict.ACK:
             return
         if verdict.verdict == Verdict.DEAD:

@@ -34,7 +34,7 @@ from jobguard.app import App
 from jobguard.backends import open_backend
 from jobguard.backends.base import Backend
 from jobguard.context import InFlight
-from jobguard.core.hosts import Admit
+from jobguard.core.hosts import HOST_HEADER, HOST_TIMEOUT_HEADER, Admit
 from jobguard.core.retry import RetryPolicy, deferral_delay_s
 from jobguard.exceptions import ConfigurationError, JobGuardError, StoreUnavailableError
 from jobguard.heartbeat import Heartbeat
@@ -60,7 +60,11 @@ GUARD_OPTIONS = (
     "poison_threshold",
     "max_defer_s",
     "dedup",
+    "dedup_unsent_s",
 )
+# How long a deduplicated send's shadow job may stay due with no delivery taking it before the
+# next send of its key sends again (its producer died before sending, or the host lost it).
+DEFAULT_DEDUP_UNSENT_S = 300.0
 
 
 class Verdict(StrEnum):
@@ -194,9 +198,24 @@ class HostGuard:
         self._runtime_pid = 0
         self._runtime_lock = threading.Lock()
         self.dedup: dict[str, bool] = {}
+        self.dedup_unsent_s: dict[str, float] = {}
+        # The host's limit on a delivery's duration, per task, where it has one (recorded on
+        # the shadow job, for the doctor).
+        self.host_timeouts: dict[str, float | None] = {}
 
-    def define(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any]) -> Task:
-        """Check a guarded function and its jobguard options; keep its definition."""
+    def define(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        options: Mapping[str, Any],
+        *,
+        host_timeout_s: float | None = None,
+    ) -> Task:
+        """Check a guarded function and its jobguard options; keep its definition.
+
+        ``host_timeout_s`` is the host's own limit on one delivery's duration for this task
+        (Celery's visibility timeout, Dramatiq's time limit), if it has one.
+        """
         unknown = sorted(set(options) - set(GUARD_OPTIONS))
         if unknown:
             raise ConfigurationError(f"guarded task {name!r}: unknown option(s) {unknown}")
@@ -231,8 +250,16 @@ class HostGuard:
             max_defer_s=options.get("max_defer_s", 3600.0),
             dedup_window_s=0.0,
         )
+        unsent_s = options.get("dedup_unsent_s", DEFAULT_DEDUP_UNSENT_S)
+        if not isinstance(unsent_s, int | float) or isinstance(unsent_s, bool) or unsent_s <= 0:
+            raise ConfigurationError(
+                f"guarded task {name!r}: dedup_unsent_s must be a positive number of seconds, "
+                f"not {unsent_s!r}"
+            )
         self.tasks[name] = task
         self.dedup[name] = bool(options.get("dedup", False))
+        self.dedup_unsent_s[name] = float(unsent_s)
+        self.host_timeouts[name] = host_timeout_s
         return task
 
     def arguments(
@@ -250,12 +277,31 @@ class HostGuard:
         arguments.pop(next(iter(task.signature.parameters)))
         return arguments
 
-    def spec(self, name: str, arguments: Mapping[str, Any]) -> JobSpec:
-        """The shadow job of one call (validated, keyed by its operation)."""
+    def spec(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        *,
+        host_timeout_s: float | None = None,
+        host_id: str | None = None,
+    ) -> JobSpec:
+        """The shadow job of one call (validated, keyed by its operation), its headers naming
+        the host, its limit on a delivery's duration (``host_timeout_s``, else the task's) and
+        the host's id of the message sent for it (``host_id``, a deduplicated send's)."""
         task = self.tasks[name]
         spec = task.build_spec(arguments, CallOptions())
         assert spec.operation_key is not None  # define() requires the template
-        return replace(spec, dedup_key=shadow_key(self.host, name, spec.operation_key))
+        headers: dict[str, Any] = {HOST_HEADER: self.host}
+        timeout = host_timeout_s if host_timeout_s is not None else self.host_timeouts[name]
+        if timeout is not None:
+            headers[HOST_TIMEOUT_HEADER] = timeout
+        if host_id is not None:
+            headers[HOST_ID] = host_id
+        return replace(
+            spec,
+            dedup_key=shadow_key(self.host, name, spec.operation_key),
+            headers=json.dumps(headers),
+        )
 
     def runtime(self) -> _Runtime:
         """This process's runtime, made on first use in the process (so after a fork)."""
@@ -275,15 +321,24 @@ class HostGuard:
                 self._runtime.close()
             self._runtime = None
 
-    def reserve(self, name: str, arguments: Mapping[str, Any], *, host_id: str) -> Job:
+    def reserve(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        *,
+        host_id: str,
+        host_timeout_s: float | None = None,
+    ) -> Job:
         """Producer-side dedup: store the shadow job queued, or find the live one holding it.
 
         Concurrent producers of one operation are serialised by the store's dedup key lock, so
         exactly one of them sees ``deduplicated`` False and sends a message (``host_id``, the
-        host's id of that message, is kept on the job).
+        host's id of that message, is kept on the job). A live job left due for the task's
+        ``dedup_unsent_s`` with no delivery taking it (its producer died before sending) is
+        taken over by the next send, which sends again.
         """
-        spec = replace(self.spec(name, arguments), headers=json.dumps({HOST_ID: host_id}))
-        return self.runtime().backend.enqueue(spec)
+        spec = self.spec(name, arguments, host_timeout_s=host_timeout_s, host_id=host_id)
+        return self.runtime().backend.reserve_host_job(spec, self.dedup_unsent_s[name])
 
     @staticmethod
     def host_id_of(job: Job) -> str | None:
@@ -305,12 +360,20 @@ class HostGuard:
 
         self.store.host_replays[name] = resend
 
-    def run(self, name: str, arguments: Mapping[str, Any], host_delivery: str) -> HostVerdict:
-        """Admit one host delivery and, if it got the lease, run it through the pipeline."""
+    def run(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        host_delivery: str,
+        *,
+        host_timeout_s: float | None = None,
+    ) -> HostVerdict:
+        """Admit one host delivery and, if it got the lease, run it through the pipeline
+        (``host_timeout_s``: this delivery's limit, where the host sets one per message)."""
         task = self.tasks[name]
         runtime = self.runtime()
         store = self.store
-        spec = self.spec(name, arguments)
+        spec = self.spec(name, arguments, host_timeout_s=host_timeout_s)
         rules = task.delivery_rules()
         try:
             admitted = runtime.backend.admit_host_delivery(

@@ -49,13 +49,21 @@ def _deliver(guard: RQGuard, name: str, args: tuple[Any, ...], kwargs: dict[str,
     arguments = guard.arguments(name, args, kwargs)
     job = get_current_job()
     delivery = f"{job.id}#{job.number_of_retries or 0}" if job else f"direct-{uuid.uuid4()}"
-    verdict = guard.run(name, arguments, delivery)
+    timeout = _timeout_s(job.timeout) if job else None
+    verdict = guard.run(name, arguments, delivery, host_timeout_s=timeout)
     if verdict.verdict == Verdict.ACK:
         return None
     if verdict.verdict == Verdict.DEAD:
         raise DeadLettered(f"jobguard job {verdict.job_id}: {verdict.reason}")
     # Whole seconds (RQ's unit), never 0: a held operation is not polled in a busy loop.
     return Retry(max=ENDLESS, interval=max(1, math.ceil(verdict.delay_s)))
+
+
+def _timeout_s(timeout: Any) -> float | None:
+    """An RQ job timeout in seconds; ``None`` for none (RQ's -1, or unset)."""
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
+        return float(timeout)
+    return None
 
 
 def _enqueue(
@@ -65,7 +73,9 @@ def _enqueue(
     spec = guard.spec(name, arguments)  # refused here, not in the worker
     job_id = str(uuid.uuid4())
     if dedup:
-        reserved = guard.reserve(name, arguments, host_id=job_id)
+        # The queue's default job timeout, which RQ gives the job enqueued below.
+        timeout = _timeout_s(getattr(queue, "_default_timeout", Queue.DEFAULT_TIMEOUT))
+        reserved = guard.reserve(name, arguments, host_id=job_id, host_timeout_s=timeout)
         if reserved.deduplicated:
             return None
     return queue.enqueue(fn, kwargs=arguments, job_id=job_id, retry=Retry(max=spec.max_attempts))

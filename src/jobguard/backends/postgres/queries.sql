@@ -79,8 +79,8 @@ RETURNING *, coalesce(%(lease_s)s::float8, visibility_timeout_s) AS lease_s;
 
 -- name: insert_attempts
 INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
-                      started_at)
-SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, %(now)s
+                      started_at, host_delivery)
+SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, %(now)s, %(host)s::text
 FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[])
 RETURNING id, job_id;
 
@@ -552,5 +552,11 @@ DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead';
 SELECT * FROM {schema}.jobs WHERE dedup_key = %(dedup_key)s ORDER BY id DESC LIMIT 1 FOR UPDATE;
 
 
--- name: attempt_host_delivery
-UPDATE {schema}.attempts SET host_delivery = %(host)s WHERE id = %(id)s;
+-- name: retake_host_job
+-- A deduplicated send takes over a shadow job left due with no delivery (its message was never
+-- sent, or lost): the new message's id in its headers, due from now. Callers hold the key's
+-- dedup lock; due_before makes it a no-op on a job a delivery moved meanwhile.
+UPDATE {schema}.jobs SET headers = %(headers)s, available_at = %(now)s
+WHERE id = %(id)s AND status IN ('queued', 'running') AND available_at <= %(due_before)s
+RETURNING *;
+

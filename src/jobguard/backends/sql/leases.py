@@ -25,20 +25,31 @@ from jobguard.backends.base import (
 from jobguard.backends.sql import rows
 from jobguard.backends.sql.driver import Driver, Row, Tx
 from jobguard.backends.sql.proofs import Proofs
-from jobguard.core.hosts import Admit, Found, admission
+from jobguard.core.hosts import Admit, Found, Reserve, admission, reservation
 from jobguard.exceptions import ConfigurationError
 from jobguard.models import DeadCode, Delivery, Guard, Job, JobSpec, JobStatus
 
 
 def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
     """Store one job, or find the live job holding its dedup key."""
+    row, deduplicated = insert_row(tx, spec, now)
+    return rows.job(row, deduplicated=deduplicated)
+
+
+def insert_row(tx: Tx, spec: JobSpec, now: float, *, key_locked: bool = False) -> tuple[Row, bool]:
+    """Store one job and return its row and ``False``, or the live job holding its dedup key and
+    ``True``.
+
+    ``key_locked``: the caller already holds the key's dedup lock in this transaction.
+    """
     if spec.dedup_key is not None:
-        # Serialises enqueues of one key where writers run in parallel (PostgreSQL).
-        tx.run("lock_dedup_key", {"dedup_key": spec.dedup_key})
+        if not key_locked:
+            # Serialises enqueues of one key where writers run in parallel (PostgreSQL).
+            tx.run("lock_dedup_key", {"dedup_key": spec.dedup_key})
         existing = tx.one("live_dedup_job", {"dedup_key": spec.dedup_key, "now": now})
         if existing is not None:
             tx.run("count_dedup_hit", {"id": existing["id"]})
-            return rows.job(existing, deduplicated=True)
+            return existing, True
     row = tx.one(
         "insert_job",
         {
@@ -63,7 +74,7 @@ def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
         },
     )
     assert row is not None  # INSERT ... RETURNING
-    return rows.job(row)
+    return row, False
 
 
 class Leases:
@@ -201,9 +212,11 @@ class Leases:
         rules: Mapping[str, DeliveryRules],
         worker_id: str,
         now: float,
+        host_delivery: str | None = None,
     ) -> list[Delivery]:
         """New leases for ``picked`` (one statement per lease length and attempt limit), each
-        with an attempt row; the row keeps the attempt limit the worker enforces."""
+        with an attempt row (naming ``host_delivery``, a host queue's delivery id, if given);
+        the row keeps the attempt limit the worker enforces."""
         by_rule: dict[tuple[float | None, int | None], list[int]] = {}
         for row in picked:
             rule = rules.get(row["task"])
@@ -222,7 +235,7 @@ class Leases:
         order = [row["id"] for row in picked]
         attempt_ids = {
             row["job_id"]: row["id"]
-            for row in tx.all("insert_attempts", {"ids": order, "now": now})
+            for row in tx.all("insert_attempts", {"ids": order, "now": now, "host": host_delivery})
         }
         return [rows.delivery(leased[job_id], attempt_ids[job_id]) for job_id in order]
 
@@ -230,33 +243,52 @@ class Leases:
         self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
     ) -> HostAdmission:
         """Admit a host queue's delivery against its shadow job; see :class:`QueuePort`."""
-        if spec.dedup_key is None:
-            raise ConfigurationError("a host delivery is admitted by its shadow job's key")
+        key = _shadow_key(spec)
         task_rules = {spec.task: rules}
-        key = {"dedup_key": spec.dedup_key}
 
         def op(tx: Tx) -> HostAdmission:
             granted_at = time.monotonic()
             now = tx.now()
-            tx.run("lock_dedup_key", key)  # admissions and sends of one operation take turns
-            row = tx.one("host_job", key)
-            found = None if row is None else Found(JobStatus(row["status"]), row["available_at"])
+            row, found = _shadow_job(tx, key)
             decided = admission(found, now)
             if decided.admit in (Admit.HELD, Admit.EARLY, Admit.DEAD):
                 assert row is not None
                 return HostAdmission(decided.admit, row["id"], wait_s=decided.wait_s)
             if decided.admit == Admit.INSERT:
-                insert_job(tx, spec, now)  # nothing live holds the key: a new job
-                row = tx.one("host_job", key)
+                # Nothing live holds the key: a new job (the key is locked already).
+                row, held = insert_row(tx, spec, now, key_locked=True)
+                if held:  # an older job of the key was made live again (a replay)
+                    row = tx.one("host_job", key)
             assert row is not None
             if self._close_expired(tx, [row], task_rules, now):
                 return HostAdmission(Admit.DEAD, row["id"])  # its attempts were spent
-            delivery = self._lease(tx, [row], task_rules, worker_id, now)[0]
-            tx.run("attempt_host_delivery", {"id": delivery.attempt_id, "host": host_delivery})
+            delivery = self._lease(tx, [row], task_rules, worker_id, now, host_delivery)[0]
             # Begun in the lease's transaction, as a fetch begins what it leases.
             request = begin_request(delivery, rules, worker_id)
             (prepared,) = self._begin_fetched(tx, [delivery], [request], now, granted_at)
             return HostAdmission(decided.admit, row["id"], prepared)
+
+        return self.driver.write(op)
+
+    def reserve_host_job(self, spec: JobSpec, unsent_s: float) -> Job:
+        """A deduplicated send of a host task: its shadow job; see :class:`QueuePort`."""
+        key = _shadow_key(spec)
+
+        def op(tx: Tx) -> Job:
+            now = tx.now()
+            row, found = _shadow_job(tx, key)
+            decided = reservation(found, now, unsent_s)
+            if decided == Reserve.INSERT:
+                inserted, held = insert_row(tx, spec, now, key_locked=True)
+                return rows.job(inserted, deduplicated=held)
+            assert row is not None
+            if decided == Reserve.RETAKE:
+                params = {"id": row["id"], "headers": spec.headers, "now": now}
+                retaken = tx.one("retake_host_job", {**params, "due_before": now - unsent_s})
+                if retaken is not None:
+                    return rows.job(retaken)
+            tx.run("count_dedup_hit", {"id": row["id"]})
+            return rows.job(row, deduplicated=True)
 
         return self.driver.write(op)
 
@@ -317,6 +349,22 @@ class Leases:
             return kept
 
         return self.driver.write(op)
+
+
+def _shadow_key(spec: JobSpec) -> dict[str, Any]:
+    """The parameters that find a host task's shadow job (its dedup key)."""
+    if spec.dedup_key is None:
+        raise ConfigurationError("a host queue's task is found by its shadow job's dedup key")
+    return {"dedup_key": spec.dedup_key}
+
+
+def _shadow_job(tx: Tx, key: dict[str, Any]) -> tuple[Row | None, Found | None]:
+    """The newest shadow job of one operation and its facts, read under the key's dedup lock
+    (sends and admissions of one operation take turns)."""
+    tx.run("lock_dedup_key", key)
+    row = tx.one("host_job", key)
+    found = None if row is None else Found(JobStatus(row["status"]), row["available_at"])
+    return row, found
 
 
 def _independent(requests: Sequence[BeginRequest | None]) -> bool:

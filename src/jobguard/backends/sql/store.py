@@ -130,6 +130,11 @@ class SQLStore:
         """Admit a host queue's delivery against its shadow job (lease it, or say why not)."""
         return self._leases.admit_host_delivery(spec, worker_id, rules, host_delivery)
 
+    def reserve_host_job(self, spec: JobSpec, unsent_s: float) -> Job:
+        """A deduplicated send of a host task: store its shadow job, take over a stranded one,
+        or find the live one holding its key."""
+        return self._leases.reserve_host_job(spec, unsent_s)
+
     def settle(self, endings: Sequence[Ending]) -> list[JobGuardError | None]:
         """Write a batch of endings in one transaction, each all-or-nothing on its own."""
         return self._endings.settle(endings)

@@ -77,8 +77,8 @@ RETURNING *, coalesce(:lease_s, visibility_timeout_s) AS lease_s;
 
 -- name: insert_attempts
 INSERT INTO attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
-                      started_at)
-SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, :now
+                      started_at, host_delivery)
+SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, :now, :host
 FROM jobs WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING id, job_id;
 
@@ -550,5 +550,11 @@ DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'd
 SELECT * FROM jobs WHERE dedup_key = :dedup_key ORDER BY id DESC LIMIT 1;
 
 
--- name: attempt_host_delivery
-UPDATE attempts SET host_delivery = :host WHERE id = :id;
+-- name: retake_host_job
+-- A deduplicated send takes over a shadow job left due with no delivery (its message was never
+-- sent, or lost): the new message's id in its headers, due from now. Callers hold the key's
+-- dedup lock; due_before makes it a no-op on a job a delivery moved meanwhile.
+UPDATE jobs SET headers = :headers, available_at = :now
+WHERE id = :id AND status IN ('queued', 'running') AND available_at <= :due_before
+RETURNING *;
+
