@@ -81,10 +81,11 @@ class Proofs:
         begun: list[Begun | None],
         now: float,
     ) -> None:
-        """:meth:`begin_one` for a batch of fresh deliveries that ask for distinct resources
-        and operations: one statement grants every lock, one records the grants on the
-        attempts, one inserts every new operation; only operations already recorded are
-        claimed one at a time. Fills ``guards`` (grants) and ``begun``."""
+        """:meth:`begin_one` for a batch of deliveries leased in this transaction that ask for
+        distinct resources and operations: one statement grants every lock, one inserts every
+        new operation; only operations already recorded are claimed one at a time. Fills
+        ``guards`` (grants) and ``begun``; their attempt rows are written after, with what each
+        holds then."""
         wanted = {index: request for index in order if (request := requests[index]) is not None}
         self._grant_set(tx, guards, wanted, begun, now)
         claiming = {
@@ -114,7 +115,7 @@ class Proofs:
             elif key in inserted:
                 begun[index] = Begun(grant=guard.lock, operation=rows.operation(inserted[key], []))
             else:  # recorded already: claimed, or busy with a live delivery's claim
-                begun[index] = self._claim_or_busy(tx, guard, request, now)
+                begun[index] = self._claim_or_busy(tx, guard, request, now, marked=False)
 
     @staticmethod
     def _grant_set(
@@ -142,7 +143,6 @@ class Proofs:
         ]
         granted = tx.all("grant_locks", {"items": items, "now": now})
         fences = {row["resource"]: row["fence"] for row in granted}
-        marks = []
         for resource, index in asking.items():
             if resource not in fences:
                 begun[index] = Begun(busy=BusyReason.LOCK)
@@ -151,15 +151,6 @@ class Proofs:
             expires_at = now + request.lock_ttl_s
             grant = LockGrant(resource, request.lock_owner, fences[resource], expires_at)
             guards[index] = replace(guards[index], lock=grant)
-            marks.append(
-                {
-                    "attempt_id": guards[index].attempt_id,
-                    "lock_owner": grant.owner,
-                    "fence": grant.fence,
-                }
-            )
-        if marks:
-            tx.run("attempt_locks", {"items": marks})
 
     # -- locks --------------------------------------------------------------------------------
 
@@ -254,7 +245,8 @@ class Proofs:
     def begin_one(
         self, tx: Tx, guard: Guard, request: BeginRequest, now: float, *, leased: bool = False
     ) -> Begun:
-        """``leased``: the lease was taken in this same transaction, so it needs no proof."""
+        """``leased``: the lease was taken in this same transaction, so it needs no proof, and
+        its attempt row is written after the begin, with the grant (none to mark here)."""
         if not leased:
             verify(tx, guard, None)
         current = guard
@@ -265,7 +257,7 @@ class Proofs:
                 request.resource_key,
                 request.lock_owner,
                 request.lock_ttl_s,
-                guard.attempt_id,
+                None if leased else guard.attempt_id,
                 now,
             )
             if grant is None:
@@ -273,16 +265,19 @@ class Proofs:
             current = replace(guard, lock=grant)
         if request.operation_key is None:
             return Begun(grant=current.lock)
-        return self._claim_or_busy(tx, current, request, now)
+        return self._claim_or_busy(tx, current, request, now, marked=not leased)
 
-    def _claim_or_busy(self, tx: Tx, guard: Guard, request: BeginRequest, now: float) -> Begun:
+    def _claim_or_busy(
+        self, tx: Tx, guard: Guard, request: BeginRequest, now: float, *, marked: bool
+    ) -> Begun:
         """Claim the operation for a delivery that holds what it locked; busy if a live
-        delivery holds the claim, in which case its lock is given straight back."""
+        delivery holds the claim, in which case its lock is given straight back (and, if its
+        attempt row was ``marked`` with the grant, unmarked)."""
         assert request.operation_key is not None
         operation = self._claim(tx, guard, request.operation_key, request.resource_key, now)
         if operation is None:
             release_locks(tx, [guard])
-            if guard.lock is not None:
+            if marked and guard.lock is not None:
                 # The attempt row must not name a lock this delivery gave straight back.
                 unmark = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
                 tx.run("attempt_locks", {"items": [unmark]})
