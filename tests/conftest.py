@@ -15,10 +15,14 @@ from jobguard import App
 pytest_plugins = ["pytester"]
 
 
+# Switches of the test run itself, not settings of jobguard: kept.
+TEST_RUN_SWITCHES = {"JOBGUARD_UPDATE_SCREENSHOTS"}
+
+
 @pytest.fixture(autouse=True)
 def _scrub_jobguard_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
-        if name.startswith("JOBGUARD_"):
+        if name.startswith("JOBGUARD_") and name not in TEST_RUN_SWITCHES:
             monkeypatch.delenv(name)
 
 

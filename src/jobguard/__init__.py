@@ -5,7 +5,7 @@ Start with :class:`App`; see the README and ``docs/`` for the concepts.
 
 from jobguard.app import App
 from jobguard.context import Context
-from jobguard.core.selection import DeadFilter, ReplayReport
+from jobguard.core.selection import DeadFilter, DeadPreview, ReplayReport
 from jobguard.deadletters import DeadLetterQueue
 from jobguard.exceptions import (
     ConfigurationError,
@@ -14,6 +14,7 @@ from jobguard.exceptions import (
     Fatal,
     GuardLost,
     JobGuardError,
+    JobStateError,
     KeyTemplateError,
     LeaseLostError,
     LockBusyError,
@@ -54,6 +55,7 @@ __all__ = [
     "DeadFilter",
     "DeadJob",
     "DeadLetterQueue",
+    "DeadPreview",
     "DuplicateJobError",
     "EnqueueError",
     "Fatal",
@@ -62,6 +64,7 @@ __all__ = [
     "Hooks",
     "Job",
     "JobGuardError",
+    "JobStateError",
     "JobStatus",
     "KeyTemplateError",
     "LeaseLostError",

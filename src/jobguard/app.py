@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
+from jobguard import retrynow
 from jobguard.backends import (
     DEFAULT_URL,
     check_store_url,
@@ -440,6 +441,22 @@ class App:
         """
         queue, actor = check_queue_name(queue), checks.actor(actor)
         return self.backend.resume_queue(queue, actor)
+
+    def retry_now(self, job_id: int, *, actor: str) -> Job:
+        """Run a job that waits on its backoff (a retry's delay, a delay given at enqueue, a
+        busy lock) as soon as a worker is free: it becomes due now on the store's clock.
+
+        Nothing else changes: its attempts so far, ``max_attempts``, keys and queue stay, so a
+        failure of the hurried run counts like any other. Audited (``retry-now``) under
+        ``actor``. Returns the job as it is now.
+
+        Raises:
+            NotFoundError: There is no job ``job_id``.
+            JobStateError: The job is running, completed, dead (replay it instead) or queued
+                and due already; nothing was changed.
+            ConfigurationError: ``job_id`` is not a job id, or ``actor`` is empty.
+        """
+        return retrynow.retry_now(self, job_id, actor)
 
     def paused_queues(self) -> list[PausedQueue]:
         """Every paused queue with when and by whom it was paused."""

@@ -7,10 +7,12 @@ each and write one audit entry per action.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jobguard.core import checks
-from jobguard.core.selection import DeadFilter, ReplayReport
+from jobguard.core.selection import DeadFilter, DeadPreview, ReplayReport
+from jobguard.core.text import utc_text
 from jobguard.exceptions import ConfigurationError, NotFoundError
 from jobguard.models import DeadJob, Job, JobStatus
 
@@ -74,6 +76,26 @@ class DeadLetterQueue:
         """How many dead jobs ``selection`` matches (#17)."""
         return self._app.backend.count_dead(_selection(selection))
 
+    def preview(self, selection: DeadFilter, rows: int = 10) -> DeadPreview:
+        """What a bulk action on ``selection`` would touch now: the count, how many a replay
+        would leave dead for their dedup key, and the first ``rows`` jobs (#17).
+
+        Its :attr:`~DeadPreview.selection` carries the store time of the preview as its
+        ``cutoff``: give that one to :meth:`replay_many` or :meth:`purge_many` so a job buried
+        after the preview (not shown) is not touched.
+        """
+        selection = _selection(selection)
+        rows = checks.count("rows", rows)
+        # The clock first, then the reads: every job these count was buried before it, or is
+        # excluded from the count and the action alike.
+        stamped = replace(selection, cutoff=self._app.backend.now())
+        return DeadPreview(
+            selection=stamped,
+            count=self._app.backend.count_dead(stamped),
+            held=self._app.backend.count_dead_held(stamped),
+            first=self._app.backend.select_dead(stamped, rows),
+        )
+
     def select(self, selection: DeadFilter, limit: int = 10) -> Sequence[Job]:
         """The first ``limit`` dead jobs ``selection`` matches, in id order: what a bulk action
         would touch first (#17)."""
@@ -115,7 +137,9 @@ class DeadLetterQueue:
                 break
             after = batch.last_id
         report = ReplayReport(replayed, held, gone)
-        self._app.backend.record_audit(actor, "replay-dead", selection.describe(), report.summary())
+        self._app.backend.record_audit(
+            actor, "replay-dead", selection.describe(), report.summary() + _previewed(selection)
+        )
         return report
 
     def _resend_to_hosts(self, job_ids: Sequence[int]) -> None:
@@ -154,9 +178,16 @@ class DeadLetterQueue:
                 break
             after = last
         self._app.backend.record_audit(
-            actor, "purge-dead", selection.describe(), f"{purged} purged"
+            actor, "purge-dead", selection.describe(), f"{purged} purged{_previewed(selection)}"
         )
         return purged
+
+
+def _previewed(selection: DeadFilter) -> str:
+    """The audit detail's note of the preview an action was confirmed on, if any."""
+    if selection.cutoff is None:
+        return ""
+    return f"; as previewed at {utc_text(selection.cutoff)} UTC"
 
 
 def _selection(value: Any) -> DeadFilter:

@@ -70,6 +70,11 @@ class NotFoundError(JobGuardError):
     """The requested job, dead job or operation does not exist."""
 
 
+class JobStateError(JobGuardError):
+    """The job is not in a state the operator action applies to (retry-now of a running or
+    finished job); nothing was changed, and the message says what to do instead."""
+
+
 class DuplicateJobError(JobGuardError):
     """The action would leave two live jobs holding one dedup key (G6, G6.1)."""
 

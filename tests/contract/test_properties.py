@@ -272,6 +272,23 @@ class JobMachine(StoreMachine):
             assert delivery.attempt == job.attempts
         self.issued.extend(found)
 
+    @rule(pick=PICK)
+    def retry_now(self, pick: int) -> None:
+        """An operator hurries one job: only a queued one whose run time is ahead moves, and
+        only its run time; any other is left exactly as it was."""
+        job_id = sorted(self.model)[pick % len(self.model)]
+        job, now = self.model[job_id], self.clock()
+        before = self._snapshot(job_id)
+        moved = self.backend.retry_now(job_id)
+        if job.status == JobStatus.QUEUED and job.available_at > now:
+            assert moved is not None
+            assert (moved.status, moved.attempts, moved.run_at) == (job.status, job.attempts, now)
+            job.status = next_status(job.status, Event.RETRY_NOW)
+            job.available_at = now
+        else:
+            assert moved is None
+            assert self._snapshot(job_id) == before
+
     def _write(self, event: Event, guard: Guard, delay_s: float) -> int | None:
         """Carry out one settling write; ``release`` returns how many leases it released."""
         backend = self.backend

@@ -221,6 +221,12 @@ def test_a_job_whose_dedup_key_is_held_is_reported_and_the_rest_replayed(
     spec = JobSpec(task="mail", queue="default", payload="{}", max_attempts=3,
                    visibility_timeout_s=30.0, dedup_key="k1")  # fmt: skip
     holder = dlq_app.backend.enqueue(spec)
+    preview = dlq_app.dlq.preview(DeadFilter())  # the preview counts the one held back
+    assert (preview.count, preview.held, [job.id for job in preview.first]) == (3, 1, ids)
+    code, out = with_terminal(store_url, "n", "dlq", "replay", "--all", cwd=tmp_path)
+    assert code == 1, out
+    assert "1 of them stay dead: a live job holds their dedup key" in out
+    assert dead_ids(dlq_app) == set(ids)
 
     result = jobguard(store_url, "dlq", "replay", "--all", "--yes", cwd=tmp_path)
 
@@ -256,6 +262,27 @@ def test_the_prompt_shows_the_selection_and_only_yes_acts(
     assert code == 0, out
     assert "purged 1 dead job" in out
     assert dead_ids(dlq_app) == set()
+
+
+@pytest.mark.parametrize("verb", ["replay", "purge"])
+def test_the_answer_acts_on_what_was_shown_not_on_jobs_buried_while_asking(
+    dlq_app: App, store_url: str, tmp_path: Path, verb: str
+) -> None:
+    """A job that dies while the operator reads the question is not touched by the "y"."""
+    shown = bury(dlq_app, store_url, [Buried(task="mail")] * 2)
+    with terminals(store_url, 1, "dlq", verb, "--task", "mail", cwd=tmp_path) as [operator]:
+        operator.wait_for("?")
+        later = bury(dlq_app, store_url, [Buried(task="mail", at=dlq_app.backend.now())])
+        operator.answer("y")
+        code, out = operator.finish()
+    assert code == 0, out
+    assert "2 dead jobs match task=mail (buried before " in out
+    assert f"{verb.removesuffix('e')}ed 2 dead jobs" in out
+    assert dead_ids(dlq_app) == set(later)
+    if verb == "replay":
+        assert status_of(dlq_app, shown) == {JobStatus.QUEUED}
+    [entry] = dlq_app.audit_trail(10)
+    assert "as previewed at" in entry.detail
 
 
 def test_without_a_terminal_and_without_yes_nothing_is_done_and_exit_is_2(

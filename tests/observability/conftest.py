@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html.parser
 import http.cookiejar
 import os
 import signal
@@ -95,6 +96,29 @@ class Reply:
     body: str
 
 
+class _FormReader(html.parser.HTMLParser):
+    """The hidden inputs of one form, found by its ``action``."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__()
+        self.action = action
+        self.inside = False
+        self.found = False
+        self.fields: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "form":
+            self.inside = values.get("action") == self.action
+            self.found = self.found or self.inside
+        elif tag == "input" and self.inside and values.get("type") == "hidden":
+            self.fields[values.get("name") or ""] = values.get("value") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self.inside = False
+
+
 class Client:
     """A cookie-keeping HTTP client that does not follow redirects."""
 
@@ -124,6 +148,16 @@ class Client:
             body = exc.read().decode()
             exc.close()
             return Reply(exc.code, dict(exc.headers), body)
+
+    def form_fields(self, path: str, action: str) -> dict[str, str]:
+        """The hidden fields of the form posting to ``action`` on the page at ``path``: what
+        a browser would send when its button is clicked."""
+        reply = self.request(path)
+        assert reply.status == 200, reply.body
+        reader = _FormReader(action)
+        reader.feed(reply.body)
+        assert reader.found, f"no form posting to {action} on {path}"
+        return reader.fields
 
     def csrf(self, path: str = "/login") -> str:
         """The CSRF token the page at ``path`` puts in its forms."""

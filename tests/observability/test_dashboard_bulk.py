@@ -8,9 +8,10 @@ from collections.abc import Iterator
 import pytest
 
 from jobguard import App, DeadFilter, JobStatus
-from jobguard.models import DeadCode
+from jobguard.models import DeadCode, JobSpec
 from tests.observability.conftest import Served
 from tests.observability.test_dashboard_http import dashboard
+from tests.support import stores
 from tests.support.dead import Buried, bury, replayed_in_audit
 from tests.support.observed_app import make_app
 
@@ -37,15 +38,17 @@ def test_the_preview_shows_the_selection_and_each_form_acts_on_it(
     assert 'id="bulk-replay"' in preview.body
     assert 'id="bulk-purge"' in preview.body
     assert store.dlq.count(DeadFilter()) == 4
-    csrf = client.csrf("/dlq/bulk?task=mail")
+    form = client.form_fields("/dlq/bulk?task=mail", "/dlq/bulk/replay")
+    assert set(form) == {"csrf", "task", "cutoff"}
 
-    done = client.request("/dlq/bulk/replay", form={"csrf": csrf, "task": "mail"})
+    done = client.request("/dlq/bulk/replay", form=form)
     assert done.status == 200, done.body
     assert "Replayed 3 dead jobs" in done.body
     assert {store.get_job(i).status for i in ids[:3]} == {JobStatus.QUEUED}
     assert store.get_job(ids[3]).status == JobStatus.DEAD
 
-    purged = client.request("/dlq/bulk/purge", form={"csrf": csrf, "all": "1"})
+    form = client.form_fields("/dlq/bulk?all=1", "/dlq/bulk/purge")
+    purged = client.request("/dlq/bulk/purge", form=form)
     assert purged.status == 200, purged.body
     assert "Purged 1 dead job" in purged.body
     assert store.dlq.list() == []
@@ -104,15 +107,15 @@ def test_two_dashboards_replaying_the_same_1000_jobs_at_once_replay_each_once(
     """Acceptance 4 on the dashboard: two operators, two dashboard processes, one selection."""
     ids = bury(store, store_url, [Buried(code=DeadCode.EXHAUSTED)] * 1000)
     clients = [dashboard(store_url, served), dashboard(store_url, served)]
-    tokens = [client.csrf("/dlq/bulk?reason=exhausted") for client in clients]
+    forms = [
+        client.form_fields("/dlq/bulk?reason=exhausted", "/dlq/bulk/replay") for client in clients
+    ]
     replies: list[object] = [None, None]
     start = threading.Barrier(2)
 
     def post(n: int) -> None:
         start.wait()
-        replies[n] = clients[n].request(
-            "/dlq/bulk/replay", form={"csrf": tokens[n], "reason": "exhausted"}
-        )
+        replies[n] = clients[n].request("/dlq/bulk/replay", form=forms[n])
 
     threads = [threading.Thread(target=post, args=(n,)) for n in range(2)]
     for thread in threads:
@@ -125,3 +128,74 @@ def test_two_dashboards_replaying_the_same_1000_jobs_at_once_replay_each_once(
     assert replayed_in_audit(store) == 1000
     assert len([e for e in store.audit_trail(10) if e.action == "replay-dead"]) == 2
     assert store.attempts(limit=10) == []
+
+
+@pytest.mark.parametrize("action", ["replay", "purge"])
+def test_the_confirm_acts_on_what_the_preview_showed_not_on_jobs_buried_since(
+    store: App, store_url: str, served: list[Served], action: str
+) -> None:
+    """A job that dies between the preview and the click is not touched: the form carries the
+    preview's store time and the action selects only jobs buried before it."""
+    shown = bury(store, store_url, [Buried(task="mail")] * 2)
+    client = dashboard(store_url, served)
+    form = client.form_fields("/dlq/bulk?task=mail", f"/dlq/bulk/{action}")
+    later = bury(store, store_url, [Buried(task="mail", at=store.backend.now())])
+    assert store.dlq.count(DeadFilter(task="mail")) == 3
+
+    done = client.request(f"/dlq/bulk/{action}", form=form)
+    assert done.status == 200, done.body
+    verb = "Replayed" if action == "replay" else "Purged"
+    assert f"{verb} 2 dead jobs" in done.body
+    assert store.get_job(later[0]).status == JobStatus.DEAD
+    assert [job.id for job in store.dlq.list()] == later
+    if action == "replay":
+        assert {store.get_job(i).status for i in shown} == {JobStatus.QUEUED}
+    [entry] = store.audit_trail(10)
+    assert "as previewed at" in entry.detail
+
+
+@pytest.mark.parametrize(
+    ("cutoff", "message"),
+    [(None, "no preview time"), ("soon", "cutoff must be"), ("1e9", "cutoff must be")],
+)
+def test_a_bulk_post_without_a_valid_preview_time_is_a_400_and_changes_nothing(
+    store: App, store_url: str, served: list[Served], cutoff: str | None, message: str
+) -> None:
+    ids = bury(store, store_url, [Buried(task="mail")])
+    client = dashboard(store_url, served)
+    form = client.form_fields("/dlq/bulk?task=mail", "/dlq/bulk/replay")
+    if cutoff is None:
+        del form["cutoff"]
+    else:
+        form["cutoff"] = cutoff
+    for action in ("replay", "purge"):
+        reply = client.request(f"/dlq/bulk/{action}", form=form)
+        assert reply.status == 400, reply.body
+        assert message in reply.body
+    assert store.get_job(ids[0]).status == JobStatus.DEAD
+    assert store.audit_trail() == []
+
+
+def test_the_preview_counts_the_jobs_a_replay_would_leave_dead_for_their_dedup_key(
+    store: App, store_url: str, served: list[Served]
+) -> None:
+    """Held: a live job holds the key, or an earlier job of the selection (replayed first)."""
+    keys = ["live", "twice", "twice", None, "own"]
+    ids = bury(store, store_url, [Buried(task="mail")] * len(keys))
+    table = stores.table(store_url, "jobs")  # one key on two dead jobs: set by hand
+    stores.execute(
+        store_url,
+        [f"UPDATE {table} SET dedup_key = ? WHERE id = ?"],
+        [(key, job_id) for key, job_id in zip(keys, ids, strict=True)],
+    )
+    store.backend.enqueue_many([JobSpec("mail", "default", "{}", 3, 30.0, dedup_key="live")])
+    client = dashboard(store_url, served)
+    preview = client.request("/dlq/bulk?task=mail")
+    assert "5 dead jobs match" in preview.body
+    assert "2 of them would stay dead on replay" in preview.body
+    form = client.form_fields("/dlq/bulk?task=mail", "/dlq/bulk/replay")
+    done = client.request("/dlq/bulk/replay", form=form)
+    assert "Replayed 3 dead jobs" in done.body
+    assert [store.get_job(i).status for i in ids] == [
+        JobStatus.DEAD, JobStatus.QUEUED, JobStatus.DEAD, JobStatus.QUEUED, JobStatus.QUEUED
+    ]  # fmt: skip

@@ -22,12 +22,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobguard import App, Context
+from jobguard import App, Context, Retry
 from tests.support import stores
 
 SLEEP = "sleep"
 KILL_SELF = "kill_self"
 NOOP = "noop"
+BACKOFF = "backoff"
+LONG_BACKOFF_S = 3600.0
 KILL_SELF_MAX_ATTEMPTS = 3
 AWAIT_LOST_S = 15.0
 
@@ -154,6 +156,14 @@ def make_app(url: str, *, visibility_timeout_s: float = 1.0) -> App:
     @app.task(name=NOOP, visibility_timeout_s=visibility_timeout_s)
     def noop(ctx: Context, n: int = 0) -> None:
         """Record one ``end`` event and return."""
+        record(url, ctx, "end")
+
+    @app.task(name=BACKOFF, visibility_timeout_s=visibility_timeout_s, max_attempts=3)
+    def backoff(ctx: Context) -> None:
+        """Record ``start``; the first attempt asks to be retried in an hour, the next ends."""
+        record(url, ctx, "start")
+        if ctx.attempt == 1:
+            raise Retry("first attempt: come back in an hour", delay_s=LONG_BACKOFF_S)
         record(url, ctx, "end")
 
     return app

@@ -319,6 +319,14 @@ class QueuePort(Protocol):
     def count_dead(self, selection: DeadFilter) -> int:
         """How many dead jobs ``selection`` matches."""
 
+    def count_dead_held(self, selection: DeadFilter) -> int:
+        """How many dead jobs ``selection`` matches that a replay in id order would leave
+        dead: a live job, or an earlier dead job of the selection, holds their dedup key."""
+
+    def retry_now(self, job_id: int) -> Job | None:
+        """Make a queued job whose run time is still ahead due now (store clock), changing
+        nothing else; ``None`` (and nothing changed) if it is not such a job."""
+
     def select_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> list[Job]:
         """The first ``limit`` dead jobs ``selection`` matches with ids above ``after_id``, in id
         order."""

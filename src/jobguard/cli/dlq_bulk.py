@@ -1,8 +1,9 @@
 """Bulk ``dlq replay`` and ``dlq purge`` (#17): the selection options, the preview, the question.
 
-A bulk action shows how many dead jobs it will touch and the first of them, then asks; ``--yes``
-skips the question, and without a terminal to ask on (a script that forgot ``--yes``) nothing
-is done and the exit code is 2.
+A bulk action shows how many dead jobs it will touch and the first of them, then asks, and acts
+on what it showed: a job buried after the preview is left alone. ``--yes`` skips the question;
+without a terminal to ask on (a script that forgot ``--yes``) nothing is done and the exit
+code is 2.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import click
 
 from jobguard.app import App
 from jobguard.cli.jobs_cmd import console, jobs_table, safe_text
-from jobguard.core.selection import DeadFilter
+from jobguard.core.selection import DeadFilter, DeadPreview
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,19 +77,28 @@ def actor() -> str:
         return "cli"
 
 
-def confirm_selection(app: App, selection: DeadFilter, verb: str, yes: bool) -> int:
-    """Show the selection and ask; return its size (0: nothing to do). Exits 2 without --yes
-    when there is no terminal to ask on, 1 when the answer is no."""
-    count = app.dlq.count(selection)
+def confirm_selection(app: App, selection: DeadFilter, verb: str, yes: bool) -> DeadPreview:
+    """Show the selection and ask; return the preview, whose ``selection`` is what to act on:
+    jobs buried after it was shown are left alone. Nothing to do when its ``count`` is 0. Exits
+    2 without --yes when there is no terminal to ask on, 1 when the answer is no."""
+    preview = app.dlq.preview(selection, PREVIEW_ROWS)
+    count = preview.count
     what = "in the dead letter queue" if selection.everything else f"match {selection.describe()}"
     plural = "s" if count != 1 else ""
-    console().print(safe_text(f"{count} dead job{plural} {what}"))
+    out = console()
+    out.print(safe_text(f"{count} dead job{plural} {what} (buried before {preview.cutoff_text})"))
     if count == 0:
-        return 0
-    shown = app.dlq.select(selection, PREVIEW_ROWS)
-    console().print(jobs_table(f"first {len(shown)} of {count}", shown))
+        return preview
+    out.print(jobs_table(f"first {len(preview.first)} of {count}", preview.first))
+    if verb == "Replay" and preview.held:
+        out.print(
+            safe_text(
+                f"{preview.held} of them stay dead: a live job holds their dedup key "
+                "(replaying would run the same work twice)"
+            )
+        )
     if yes:
-        return count
+        return preview
     if not sys.stdin.isatty():
         click.echo(
             f"error: not asking without a terminal: pass --yes to {verb.lower()} these "
@@ -97,4 +107,4 @@ def confirm_selection(app: App, selection: DeadFilter, verb: str, yes: bool) -> 
         )
         sys.exit(2)
     click.confirm(f"{verb} these {count} dead job{plural}?", abort=True, err=True)
-    return count
+    return preview

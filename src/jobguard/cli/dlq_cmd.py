@@ -119,10 +119,11 @@ def replay(
             )
         )
         return
-    if confirm_selection(app, selection, "Replay", yes) == 0:
+    preview = confirm_selection(app, selection, "Replay", yes)
+    if preview.count == 0:
         click.echo("nothing replayed")
         return
-    report = app.replay_dead(selection, actor=actor(), batch_size=batch_size)
+    report = app.replay_dead(preview.selection, actor=actor(), batch_size=batch_size)
     for dead_id, holder_id in report.held:
         click.echo(
             f"job {dead_id} not replayed: job {holder_id} holds its dedup key "
@@ -160,8 +161,9 @@ def purge(
         if purged == 0:
             raise NotFoundError(f"job {job_id} left the dead letter queue before it was purged")
     else:
-        if confirm_selection(app, selection, "Purge", yes) == 0:
+        preview = confirm_selection(app, selection, "Purge", yes)
+        if preview.count == 0:
             click.echo("nothing purged")
             return
-        purged = app.purge_dead(selection, actor=actor(), batch_size=batch_size)
+        purged = app.purge_dead(preview.selection, actor=actor(), batch_size=batch_size)
     click.echo(f"purged {purged} dead job{'s' if purged != 1 else ''}")

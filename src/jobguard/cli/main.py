@@ -53,6 +53,7 @@ COMMANDS = {
     "scheduler": "jobguard.cli.schedule_cmd:scheduler",
     "schedules": "jobguard.cli.schedule_cmd:schedules",
     "queue": "jobguard.cli.queue_cmd:queue",
+    "retry-now": "jobguard.cli.retry_cmd:retry_now",
 }
 
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
@@ -68,6 +69,7 @@ SHORT_HELP = {
     "migrate": "Apply the store's schema migrations (--dry-run shows the SQL).",
     "prune": "Delete old completed jobs and their attempts (retention).",
     "queue": "Pause, resume and list queues.",
+    "retry-now": "Run a job waiting on its backoff now.",
     "scheduler": "Enqueue each tick of the periodic tasks as one job.",
     "schedules": "List the periodic tasks, their next fire times and last tick.",
     "worker": "Run a worker process.",

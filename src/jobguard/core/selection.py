@@ -7,12 +7,14 @@ dashboard's form, an API call) and handed to the store as facts; nothing below r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from jobguard.core import checks
+from jobguard.core.text import utc_text
 from jobguard.exceptions import ConfigurationError
-from jobguard.models import DeadCode
+from jobguard.models import DeadCode, Job
 
 _CODES = ", ".join(code.value for code in DeadCode)
 
@@ -27,6 +29,9 @@ class DeadFilter:
         code: Only jobs buried for this reason (a :class:`~jobguard.models.DeadCode`).
         since: Only jobs buried at or after this time (store seconds since the epoch).
         until: Only jobs buried before this time (store seconds since the epoch).
+        cutoff: Only jobs buried before this store time too: the moment a preview was taken
+            (:meth:`~jobguard.deadletters.DeadLetterQueue.preview`), so that acting on the
+            preview touches no job buried after it. Not an operator's filter; ``None``: none.
     """
 
     task: str | None = None
@@ -34,6 +39,7 @@ class DeadFilter:
     code: DeadCode | None = None
     since: float | None = None
     until: float | None = None
+    cutoff: float | None = None
 
     def __post_init__(self) -> None:
         checks.optional_text("task", self.task)
@@ -42,6 +48,7 @@ class DeadFilter:
             raise ConfigurationError(f"code must be a DeadCode, got {self.code!r}")
         since = _moment("since", self.since)
         until = _moment("until", self.until)
+        _moment("cutoff", self.cutoff)
         if since is not None and until is not None and since > until:
             raise ConfigurationError("--since is after --until: the time range selects nothing")
 
@@ -87,6 +94,13 @@ class DeadFilter:
         )
 
     @property
+    def buried_before(self) -> float | None:
+        """The earliest of ``until`` and ``cutoff``: jobs buried at or after it are not
+        selected (``None``: no upper bound)."""
+        bounds = [value for value in (self.until, self.cutoff) if value is not None]
+        return min(bounds) if bounds else None
+
+    @property
     def everything(self) -> bool:
         """Whether no field narrows the selection (every dead job)."""
         return all(
@@ -109,6 +123,35 @@ class DeadFilter:
             if value is not None
         ]
         return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPreview:
+    """What a bulk action on a selection would touch, as shown before it is confirmed.
+
+    The bound is the burial time: a burial whose transaction read the store clock before the
+    preview did but committed only after the preview's reads (a window of that transaction's
+    length) is not shown and is still selected.
+
+    Attributes:
+        selection: The selection with its ``cutoff`` set to the store time of the preview: act
+            on this one to touch only what was shown (jobs buried later are left alone).
+        count: How many dead jobs it selects.
+        held: How many of them a replay would leave dead because a live job (or an earlier job
+            of the selection, replayed first) holds their dedup key.
+        first: The first selected jobs in id order.
+    """
+
+    selection: DeadFilter
+    count: int
+    held: int
+    first: Sequence[Job]
+
+    @property
+    def cutoff_text(self) -> str:
+        """The preview's store time, to the second, in UTC (``2026-12-02 01:01:53 UTC``)."""
+        cutoff = self.selection.cutoff
+        return "-" if cutoff is None else f"{utc_text(cutoff)} UTC"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ class Event(StrEnum):
     RELEASE = "release"  # graceful shutdown: handed back, attempt not charged
     BURY = "bury"  # to the dead letter queue
     REPLAY = "replay"  # from the dead letter queue back to the queue
+    RETRY_NOW = "retry_now"  # an operator makes a job waiting for its run time due now
 
 
 TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
@@ -32,6 +33,7 @@ TRANSITIONS: dict[tuple[JobStatus, Event], JobStatus] = {
     (JobStatus.RUNNING, Event.RELEASE): JobStatus.QUEUED,
     (JobStatus.RUNNING, Event.BURY): JobStatus.DEAD,  # also: lease expired, attempts spent
     (JobStatus.DEAD, Event.REPLAY): JobStatus.QUEUED,
+    (JobStatus.QUEUED, Event.RETRY_NOW): JobStatus.QUEUED,  # only while its run time is ahead
 }
 
 

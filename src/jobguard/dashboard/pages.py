@@ -111,14 +111,18 @@ def job(app: App, job_id_text: str, query: Params) -> Page:
         raise params.NotFound(f"there is no job {job_id}") from None
     attempts = app.attempts(job_id=job_id)[-MAX_ATTEMPTS_SHOWN:]
     operation = app.operation(found.operation_key) if found.operation_key else None
+    now = app.backend.now()
+    notice = params.single(query, "notice")
     return "job.html", {
         "job": found,
         "payload": _pretty(found.payload),
         "attempts": attempts,
         "operation": operation,
-        "timeline": charts.timeline(attempts, app.backend.now()),
+        "timeline": charts.timeline(attempts, now),
         "dead": found.status == JobStatus.DEAD,
-        "notice": params.single(query, "notice") == "replayed",
+        # Queued with its run time ahead: a retry's backoff, a delay or a busy lock.
+        "waiting": found.status == JobStatus.QUEUED and found.run_at > now,
+        "notice": notice if notice in ("replayed", "retried") else None,
         "seconds": charts.seconds,
     }
 
@@ -173,10 +177,14 @@ def dlq_bulk(app: App, query: Params) -> Page:
     """What a bulk replay or purge would touch: the count, the first rows, the two forms."""
     params.check_known(query, set(params.SELECTION_FIELDS))
     selected = params.selection(query)
+    preview = app.dlq.preview(selected, PREVIEW_ROWS)
     return "dlq_bulk.html", {
-        "count": app.dlq.count(selected),
-        "jobs": app.dlq.select(selected, PREVIEW_ROWS),
+        "count": preview.count,
+        "held": preview.held,
+        "jobs": preview.first,
         "described": selected.describe(),
+        "cutoff": params.cutoff_text(preview.selection),
+        "cutoff_shown": preview.cutoff_text,
         "fields": params.selection_fields(query),
     }
 

@@ -7,7 +7,9 @@ store, and no value is unbounded.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 from urllib.parse import parse_qs
 
 from jobguard.core.keys import MAX_KEY_LENGTH
@@ -137,6 +139,26 @@ def selection(params: Mapping[str, list[str]]) -> DeadFilter:
     if not every and not given:
         raise BadRequest("choose at least one filter, or tick 'every dead job'")
     return DeadFilter.parse(task=task, queue=queue, **texts)  # ConfigurationError: a 400
+
+
+_CUTOFF = re.compile(r"[0-9]{1,12}(\.[0-9]{1,20})?")
+
+
+def cutoff_text(selection: DeadFilter) -> str:
+    """The preview's store time as the confirm form carries it (exact: ``repr`` of a float)."""
+    return repr(selection.cutoff)
+
+
+def confirmed(fields: Mapping[str, list[str]]) -> DeadFilter:
+    """The selection a bulk form confirms: its filters and the preview's ``cutoff``, so that
+    only jobs the preview could show (buried before it) are touched."""
+    selected = selection(fields)
+    text = single(fields, "cutoff")
+    if text is None:
+        raise BadRequest("this form has no preview time (cutoff): preview the selection first")
+    if not _CUTOFF.fullmatch(text):
+        raise BadRequest(f"cutoff must be the preview's store time in seconds, not {text[:40]!r}")
+    return replace(selected, cutoff=float(text))
 
 
 def selection_fields(params: Mapping[str, list[str]]) -> dict[str, str]:

@@ -196,6 +196,12 @@ class Dashboard:
         await run_in_threadpool(self.app.dlq.replay, job_id, actor=self.actor(request))
         return RedirectResponse(f"/jobs/{job_id}?notice=replayed", status_code=303)
 
+    async def retry_now(self, request: Request) -> Response:
+        """POST ``/jobs/{id}/retry-now``: a job waiting on its backoff is due now, audited."""
+        job_id = params.job_id(request.path_params["job_id"])
+        await run_in_threadpool(self.app.retry_now, job_id, actor=self.actor(request))
+        return RedirectResponse(f"/jobs/{job_id}?notice=retried", status_code=303)
+
     async def purge(self, request: Request) -> Response:
         """POST ``/dlq/{id}/purge``: delete a dead job and its attempts, audited."""
         job_id = params.job_id(request.path_params["job_id"])
@@ -219,13 +225,15 @@ class Dashboard:
     async def bulk(self, request: Request) -> Response:
         """POST ``/dlq/bulk/replay`` or ``/dlq/bulk/purge``: act on a selection, audited (#17).
 
-        The form carries the selection the preview page showed; it is validated again here.
+        The form carries the selection the preview page showed and the preview's store time:
+        it acts on the jobs buried before that (validated again here), not on jobs that died
+        since.
         """
         action = request.path_params["action"]
         if action not in ("replay", "purge"):
             raise params.NotFound(f"there is no bulk action {action[:40]!r}")
         fields = await self.form(request)
-        selected = params.selection({k: [v] for k, v in fields.items() if k != "csrf"})
+        selected = params.confirmed({k: [v] for k, v in fields.items() if k != "csrf"})
         actor = self.actor(request)
         if action == "replay":
             report = await run_in_threadpool(self.app.replay_dead, selected, actor=actor)
@@ -238,8 +246,11 @@ class Dashboard:
         else:
             purged = await run_in_threadpool(self.app.purge_dead, selected, actor=actor)
             context = {"verb": "Purged", "count": purged, "held": [], "gone": 0}
+        previewed = _when(selected.cutoff)
         return self.render(
-            request, "dlq_bulk_done.html", {**context, "described": selected.describe()}
+            request,
+            "dlq_bulk_done.html",
+            {**context, "described": selected.describe(), "previewed": previewed},
         )
 
     async def login_page(self, request: Request) -> Response:
@@ -300,6 +311,11 @@ class Dashboard:
             Route("/", self.page(pages.overview)),
             Route("/jobs", self.page(pages.jobs)),
             Route("/jobs/{job_id}", self.guarded(self.job_page)),
+            Route(
+                "/jobs/{job_id}/retry-now",
+                self.guarded(self.retry_now, post=True),
+                methods=["POST"],
+            ),
             Route("/operations", self.page(pages.operations)),
             Route("/dlq", self.page(pages.dlq)),
             Route("/doctor", self.page(pages.doctor)),

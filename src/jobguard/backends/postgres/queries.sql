@@ -177,6 +177,13 @@ WHERE l.resource = item.resource AND l.owner = item.owner;
 -- name: dead_jobs
 SELECT * FROM {schema}.jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;
 
+-- name: retry_now
+-- A queued job waiting for its run time (a retry's backoff, a delay, a busy lock) is due now;
+-- nothing else of it changes. No row: it is not queued, or already due.
+UPDATE {schema}.jobs SET available_at = %(now)s, run_at = %(now)s
+WHERE id = %(job_id)s AND status = 'queued' AND available_at > %(now)s
+RETURNING *;
+
 -- name: replay_job
 -- Back to the queue with the same id, payload and keys (its operation key is kept, so completed work is not redone).
 UPDATE {schema}.jobs
@@ -414,6 +421,29 @@ WHERE status = 'dead'
   AND (%(code)s::text IS NULL OR dead_code = %(code)s::text)
   AND (%(since)s::float8 IS NULL OR finished_at >= %(since)s::float8)
   AND (%(until)s::float8 IS NULL OR finished_at < %(until)s::float8);
+
+-- name: count_dead_held
+-- What a replay in id order would leave dead: a live job holds the dedup key (as in
+-- live_dedup_job), or an earlier dead job of the same selection does, replayed first.
+SELECT count(*) AS n FROM {schema}.jobs AS d
+WHERE d.status = 'dead' AND d.dedup_key IS NOT NULL
+  AND (%(task)s::text IS NULL OR d.task = %(task)s::text)
+  AND (%(queue)s::text IS NULL OR d.queue = %(queue)s::text)
+  AND (%(code)s::text IS NULL OR d.dead_code = %(code)s::text)
+  AND (%(since)s::float8 IS NULL OR d.finished_at >= %(since)s::float8)
+  AND (%(until)s::float8 IS NULL OR d.finished_at < %(until)s::float8)
+  AND (EXISTS (SELECT 1 FROM {schema}.jobs AS l
+               WHERE l.dedup_key = d.dedup_key
+                 AND (l.status IN ('queued', 'running')
+                      OR (l.status = 'completed'
+                          AND l.finished_at + l.dedup_window_s > %(now)s::float8)))
+       OR EXISTS (SELECT 1 FROM {schema}.jobs AS e
+                  WHERE e.dedup_key = d.dedup_key AND e.status = 'dead' AND e.id < d.id
+                    AND (%(task)s::text IS NULL OR e.task = %(task)s::text)
+                    AND (%(queue)s::text IS NULL OR e.queue = %(queue)s::text)
+                    AND (%(code)s::text IS NULL OR e.dead_code = %(code)s::text)
+                    AND (%(since)s::float8 IS NULL OR e.finished_at >= %(since)s::float8)
+                    AND (%(until)s::float8 IS NULL OR e.finished_at < %(until)s::float8)));
 
 -- name: purge_dead_attempts
 -- The job rows are locked first (FOR UPDATE), so a replay running beside us cannot move one

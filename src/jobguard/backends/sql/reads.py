@@ -84,6 +84,24 @@ class Reads:
         self.driver.jobs_added([job.queue])
         return job
 
+    def retry_now(self, job_id: int) -> Job | None:
+        """Make a queued job that waits for its run time eligible now, on the store's clock.
+
+        Nothing else changes (attempts, limits, keys). ``None`` if the job is not queued with a
+        run time still ahead; the caller says why.
+        """
+
+        def op(tx: Tx) -> Row | None:
+            return tx.one("retry_now", {"job_id": job_id, "now": tx.now()})
+
+        moved = self.driver.write(op)
+        if moved is None:
+            return None
+        job = rows.job(moved)
+        # Idle workers sleep until an enqueue wakes them; a job due now is as good as one.
+        self.driver.jobs_added([job.queue])
+        return job
+
     def prune_completed(self, older_than_s: float, batch_size: int = 1000) -> int:
         """Delete completed jobs finished over ``older_than_s`` ago, with their attempt rows.
 
@@ -121,6 +139,17 @@ class Reads:
         """How many dead jobs ``selection`` matches."""
         found = self._read_all("count_dead_selection", _selection_params(selection))
         return int(found[0]["n"])
+
+    def count_dead_held(self, selection: DeadFilter) -> int:
+        """How many dead jobs ``selection`` matches that a replay would leave dead: a live job,
+        or an earlier job of the selection (replayed first), holds their dedup key."""
+        params = _selection_params(selection)
+
+        def op(tx: Tx) -> int:
+            found = tx.all("count_dead_held", {**params, "now": tx.now()})
+            return int(found[0]["n"])
+
+        return self.driver.read(op)
 
     def select_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> list[Job]:
         """The first ``limit`` dead jobs ``selection`` matches with ids above ``after_id``."""
@@ -306,5 +335,5 @@ def _selection_params(selection: DeadFilter) -> dict[str, Any]:
         "queue": selection.queue,
         "code": selection.code.value if selection.code else None,
         "since": selection.since,
-        "until": selection.until,
+        "until": selection.buried_before,
     }

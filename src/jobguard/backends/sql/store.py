@@ -208,6 +208,14 @@ class SQLStore:
         """How many dead jobs ``selection`` matches."""
         return self._reads.count_dead(selection)
 
+    def count_dead_held(self, selection: DeadFilter) -> int:
+        """How many dead jobs ``selection`` matches that a replay would leave dead."""
+        return self._reads.count_dead_held(selection)
+
+    def retry_now(self, job_id: int) -> Job | None:
+        """Make a queued job waiting for its run time due now; see :class:`QueuePort`."""
+        return self._reads.retry_now(job_id)
+
     def select_dead(self, selection: DeadFilter, limit: int, after_id: int = 0) -> list[Job]:
         """The first ``limit`` dead jobs ``selection`` matches with ids above ``after_id``."""
         return self._reads.select_dead(selection, limit, after_id)

@@ -205,6 +205,13 @@ WHERE locks.resource = item.resource AND locks.owner = item.owner;
 -- name: dead_jobs
 SELECT * FROM jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT :limit;
 
+-- name: retry_now
+-- A queued job waiting for its run time (a retry's backoff, a delay, a busy lock) is due now;
+-- nothing else of it changes. No row: it is not queued, or already due.
+UPDATE jobs SET available_at = :now, run_at = :now
+WHERE id = :job_id AND status = 'queued' AND available_at > :now
+RETURNING *;
+
 -- name: replay_job
 -- Back to the queue with the same id, payload and keys (its operation key is kept, so completed work is not redone).
 UPDATE jobs
@@ -428,6 +435,25 @@ WHERE status = 'dead'
   AND (:task IS NULL OR task = :task) AND (:queue IS NULL OR queue = :queue)
   AND (:code IS NULL OR dead_code = :code)
   AND (:since IS NULL OR finished_at >= :since) AND (:until IS NULL OR finished_at < :until);
+
+-- name: count_dead_held
+-- What a replay in id order would leave dead: a live job holds the dedup key (as in
+-- live_dedup_job), or an earlier dead job of the same selection does, replayed first.
+SELECT count(*) AS n FROM jobs AS d
+WHERE d.status = 'dead' AND d.dedup_key IS NOT NULL
+  AND (:task IS NULL OR d.task = :task) AND (:queue IS NULL OR d.queue = :queue)
+  AND (:code IS NULL OR d.dead_code = :code)
+  AND (:since IS NULL OR d.finished_at >= :since) AND (:until IS NULL OR d.finished_at < :until)
+  AND (EXISTS (SELECT 1 FROM jobs AS l
+               WHERE l.dedup_key = d.dedup_key
+                 AND (l.status IN ('queued', 'running')
+                      OR (l.status = 'completed' AND l.finished_at + l.dedup_window_s > :now)))
+       OR EXISTS (SELECT 1 FROM jobs AS e
+                  WHERE e.dedup_key = d.dedup_key AND e.status = 'dead' AND e.id < d.id
+                    AND (:task IS NULL OR e.task = :task) AND (:queue IS NULL OR e.queue = :queue)
+                    AND (:code IS NULL OR e.dead_code = :code)
+                    AND (:since IS NULL OR e.finished_at >= :since)
+                    AND (:until IS NULL OR e.finished_at < :until)));
 
 -- name: purge_dead_attempts
 DELETE FROM attempts WHERE job_id IN (SELECT value FROM json_each(:ids))
