@@ -13,6 +13,9 @@ from jobguard.exceptions import (
     EnqueueError,
     Fatal,
     GuardLost,
+    HardTimeLimitExceeded,
+    JobCancelled,
+    JobFinishedError,
     JobGuardError,
     JobStateError,
     KeyTemplateError,
@@ -21,12 +24,14 @@ from jobguard.exceptions import (
     NotFoundError,
     PayloadError,
     Retry,
+    RunStopped,
     SchemaVersionError,
     StaleFenceError,
     StepError,
     StepSQLError,
     StoreBrokenError,
     StoreUnavailableError,
+    TimeLimitExceeded,
     UnknownTaskError,
     WorkerFailedError,
 )
@@ -43,6 +48,7 @@ from jobguard.models import (
 )
 from jobguard.schedule import Schedule
 from jobguard.scheduler import Scheduler
+from jobguard.supervisor import ProcessWorker
 from jobguard.task import Task
 from jobguard.worker import Worker
 
@@ -60,9 +66,12 @@ __all__ = [
     "EnqueueError",
     "Fatal",
     "GuardLost",
+    "HardTimeLimitExceeded",
     "HookChain",
     "Hooks",
     "Job",
+    "JobCancelled",
+    "JobFinishedError",
     "JobGuardError",
     "JobStateError",
     "JobStatus",
@@ -75,8 +84,10 @@ __all__ = [
     "OperationStatus",
     "Outcome",
     "PayloadError",
+    "ProcessWorker",
     "ReplayReport",
     "Retry",
+    "RunStopped",
     "Schedule",
     "Scheduler",
     "SchemaVersionError",
@@ -86,6 +97,7 @@ __all__ = [
     "StoreBrokenError",
     "StoreUnavailableError",
     "Task",
+    "TimeLimitExceeded",
     "UnknownTaskError",
     "Worker",
     "WorkerFailedError",

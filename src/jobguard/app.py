@@ -22,13 +22,14 @@ from jobguard.backends import (
     open_backend,
 )
 from jobguard.backends.base import Backend
-from jobguard.core import checks
+from jobguard.core import checks, messages
 from jobguard.core.retry import RetryPolicy
 from jobguard.core.schedules import Cron, Every, Missed, Trigger, interval_seconds
 from jobguard.core.selection import DeadFilter, ReplayReport
 from jobguard.deadletters import DeadLetterQueue
 from jobguard.exceptions import (
     ConfigurationError,
+    JobFinishedError,
     JobGuardError,
     LockBusyError,
     UnknownTaskError,
@@ -47,6 +48,7 @@ from jobguard.models import (
     QueueStats,
 )
 from jobguard.schedule import Schedule, check_operation_template, check_tick_handler, tick_runner
+from jobguard.supervisor import ProcessWorker
 from jobguard.task import Task, call_options, check_handler, check_queue_name
 from jobguard.worker import Worker
 
@@ -190,6 +192,10 @@ class App:
         lock_ttl_s: float = 30.0,
         max_defer_s: float = 3600.0,
         dedup_window_s: float = 0.0,
+        soft_time_limit_s: float | None = None,
+        time_limit_s: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -212,6 +218,10 @@ class App:
         lock_ttl_s: float = 30.0,
         max_defer_s: float = 3600.0,
         dedup_window_s: float = 0.0,
+        soft_time_limit_s: float | None = None,
+        time_limit_s: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a handler ``fn(ctx, **kwargs)`` as a task.
 
@@ -234,9 +244,23 @@ class App:
                 ``"fulfill-order:{order_id}"`` (G4.1).
             resource_key: Template of the resource to lock while running, e.g.
                 ``"order:{order_id}"`` (G3.1).
-            lock_ttl_s: Lock lease length; renewed with the job's lease (G3.3).
-            max_defer_s: How long a job may keep waiting for a busy resource before it is buried.
+            lock_ttl_s: Lock lease length, and the concurrency slot's; renewed with the job's
+                lease (G3.3).
+            max_defer_s: How long a job may keep waiting for a busy resource (or a free
+                concurrency slot) before it is buried.
             dedup_window_s: Default time a dedup key is held after completion (G6.2).
+            soft_time_limit_s: Run time after which the handler is told to stop: ``ctx``
+                reports it, its next step raises :class:`~jobguard.TimeLimitExceeded`, an
+                ``async def`` handler is cancelled; the attempt is recorded as ``timed_out``
+                and retried. See ``docs/limits.md``.
+            time_limit_s: Run time after which the run is stopped even if it never cooperates;
+                only process-mode workers enforce it (a thread-mode worker refuses to start
+                with such a task).
+            concurrency_key: Template of the key whose jobs share a concurrency limit, e.g.
+                ``"api-account:{account_id}"``: a job runs only while holding one of the key's
+                ``concurrency_limit`` slots, fleet-wide (G3.6).
+            concurrency_limit: How many jobs of one concurrency key may run at once (1 to
+                1000); required with ``concurrency_key``.
         """
 
         def register(handler: Callable[..., Any]) -> Task:
@@ -267,6 +291,10 @@ class App:
                 lock_ttl_s=lock_ttl_s,
                 max_defer_s=max_defer_s,
                 dedup_window_s=dedup_window_s,
+                soft_time_limit_s=soft_time_limit_s,
+                time_limit_s=time_limit_s,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
             )
             self.tasks[task_name] = task
             return task
@@ -442,6 +470,29 @@ class App:
         queue, actor = check_queue_name(queue), checks.actor(actor)
         return self.backend.resume_queue(queue, actor)
 
+    def cancel(self, job_id: int, *, actor: str) -> Job:
+        """Cancel a job, audited under ``actor``; returns the job as it is then.
+
+        A queued job, ready or scheduled for later, never runs: it is buried at once as
+        ``cancelled`` (a dead job: replay it to run it after all). A running one is told to
+        stop: its worker reads the cancel with the lease's next renewal, ``ctx.cancel_requested``
+        turns true, its next step raises :class:`~jobguard.exceptions.JobCancelled` (an
+        ``async def`` handler is cancelled), and the attempt ends with the job buried as
+        ``cancelled``, not retried; a thread-mode worker gives up a handler that does not stop
+        one heartbeat later. See ``docs/limits.md``.
+
+        Raises:
+            NotFoundError: there is no job ``job_id``.
+            JobFinishedError: it already completed or is dead (nothing is changed).
+            ConfigurationError: ``job_id`` is not a job id, or ``actor`` is empty.
+        """
+        job_id, actor = checks.job_id(job_id), checks.actor(actor)
+        job = self.backend.cancel(job_id, actor, messages.cancelled(job_id, actor))
+        if job is None:
+            current = self.backend.get_job(job_id)  # NotFoundError if there is none
+            raise JobFinishedError(messages.cancel_refused(job_id, current.status))
+        return job
+
     def retry_now(self, job_id: int, *, actor: str) -> Job:
         """Run a job that waits on its backoff (a retry's delay, a delay given at enqueue, a
         busy lock) as soon as a worker is free: it becomes due now on the store's clock.
@@ -544,6 +595,11 @@ class App:
     def worker(self, queues: list[str] | None = None, **options: Any) -> Worker:
         """A :class:`~jobguard.worker.Worker` for these queues (default: every task's queue)."""
         return Worker(self, queues, **options)
+
+    def process_worker(self, queues: list[str] | None = None, **options: Any) -> ProcessWorker:
+        """A :class:`~jobguard.supervisor.ProcessWorker` for these queues: each slot a child
+        process running one job at a time, which enforces hard time limits."""
+        return ProcessWorker(self, queues, **options)
 
     @contextlib.contextmanager
     def lock(

@@ -13,7 +13,7 @@ from jobguard.core import messages
 from jobguard.core.jsonvalues import inexact_part
 from jobguard.core.keys import idempotency_key
 from jobguard.core.text import storable
-from jobguard.exceptions import ConfigurationError, StepError
+from jobguard.exceptions import ConfigurationError, RunStopped, StepError, TimeLimitExceeded
 from jobguard.hooks import Hooks
 
 if TYPE_CHECKING:
@@ -61,6 +61,18 @@ class InFlight:
         # The longest time the heartbeat overslept while this delivery was held (monotonic): the
         # whole process stood still (stopped, a paused VM, swapping), not the handler alone.
         self.stalled_s = 0.0
+        # When the pipeline started running it (monotonic): its duration counts from here.
+        self.run_started = time.monotonic()
+        # When the run passes its soft time limit (monotonic; None: no limit or not started).
+        self.soft_deadline: float | None = None
+        # Why the run was told to stop (a passed soft limit, a cancel), and when (monotonic).
+        self.stop_reason: RunStopped | None = None
+        self.stopped_at = 0.0
+        # The worker gave the run up: its ending was written for it (the handler never
+        # cooperated); whatever the handler's thread does later is discarded.
+        self.abandoned = False
+        # Cancels an async handler's coroutine on the worker's loop (set while it runs).
+        self.canceller: Callable[[], None] | None = None
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lease or lock is gone; the handler's writes will be refused.
@@ -73,10 +85,39 @@ class InFlight:
         self.lost = True
         return True
 
+    def start_clock(self) -> None:
+        """The handler starts now: its soft time limit counts from here."""
+        limit = self.delivery.soft_time_limit_s
+        if limit is not None:
+            self.soft_deadline = time.monotonic() + limit
+
+    def timed_out(self, now: float | None = None) -> bool:
+        """Whether the run passed its soft time limit (on this worker's monotonic clock)."""
+        deadline = self.soft_deadline
+        return deadline is not None and (time.monotonic() if now is None else now) >= deadline
+
+    def stop(self, reason: RunStopped, now: float | None = None) -> bool:
+        """Tell the run to stop: its next step raises ``reason`` and an async handler is
+        cancelled. Returns whether this call told it (False: it was told already)."""
+        if self.stop_reason is not None:
+            return False
+        self.stopped_at = time.monotonic() if now is None else now
+        self.stop_reason = reason
+        canceller = self.canceller
+        if canceller is not None:
+            canceller()
+        return True
+
+    def stop_error(self) -> RunStopped | None:
+        """What the run's next step must raise, if it was told to stop or passed its limit."""
+        if self.stop_reason is None and self.timed_out():
+            self.stop(time_limit_exceeded(self.delivery))
+        return self.stop_reason
+
     def guarded_s(self) -> float:
         """How long one renewal keeps this delivery: its lease, or its lock's TTL if shorter."""
         period = self.delivery.visibility_timeout_s
-        if self.guard.lock is not None and self.lock_ttl_s:
+        if (self.guard.lock is not None or self.guard.slot is not None) and self.lock_ttl_s:
             period = min(period, self.lock_ttl_s)
         return period
 
@@ -90,6 +131,14 @@ class InFlight:
             return False
         self.judged_lost = self.mark_lost(messages.lease_overdue(elapsed, self.guarded_s()))
         return self.judged_lost
+
+
+def time_limit_exceeded(delivery: Delivery) -> TimeLimitExceeded:
+    """The error of a run past its soft time limit (its text names the limit)."""
+    return TimeLimitExceeded(
+        f"job {delivery.job_id} ran past its soft time limit of "
+        f"{delivery.soft_time_limit_s:g}s (soft_time_limit_s)"
+    )
 
 
 class Context:
@@ -106,6 +155,9 @@ class Context:
         resource_key: The resource locked for this run, if any.
         fence: The lock's fencing token (strictly increasing per resource), or ``None``.
         lock_owner: The lock's owner token, or ``None``.
+        concurrency_key: The concurrency key whose slot this run holds, if any.
+        slot: The number of that slot (0 to the limit minus one), or ``None``.
+        slot_fence: The slot's fencing token (strictly increasing per slot), or ``None``.
     """
 
     def __init__(
@@ -133,6 +185,10 @@ class Context:
         lock = inflight.guard.lock
         self.fence: int | None = lock.fence if lock else None
         self.lock_owner: str | None = lock.owner if lock else None
+        held = inflight.guard.slot
+        self.concurrency_key = delivery.concurrency_key
+        self.slot: int | None = held.slot if held else None
+        self.slot_fence: int | None = held.fence if held else None
         self.external_ref: str | None = None
         self._used_steps: set[str] = set()
         self.steps_run = 0
@@ -151,6 +207,31 @@ class Context:
         if inflight.overdue():
             self._hooks.lease_lost(inflight.delivery, inflight.lost_reason)
         return inflight.lost
+
+    @property
+    def time_limit_passed(self) -> bool:
+        """True once this run passed its soft time limit (``soft_time_limit_s``); stop work.
+
+        From then on the next ``step``/``db_step`` raises
+        :class:`~jobguard.exceptions.TimeLimitExceeded`. It never turns false again.
+        """
+        return isinstance(self._inflight.stop_error(), TimeLimitExceeded)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once an operator cancelled this job while it runs; stop work.
+
+        The worker learns of it with the lease's next renewal; from then on the next
+        ``step``/``db_step`` raises :class:`~jobguard.exceptions.JobCancelled`.
+        """
+        reason = self._inflight.stop_error()
+        return reason is not None and not isinstance(reason, TimeLimitExceeded)
+
+    def _check_running(self) -> None:
+        """Refuse a step of a run told to stop (a passed soft limit, a cancel)."""
+        reason = self._inflight.stop_error()
+        if reason is not None:
+            raise type(reason)(str(reason))
 
     def idempotency_key(self, name: str) -> str:
         """A key for an external API call, stable across attempts and replays (G4.4)."""
@@ -179,7 +260,9 @@ class Context:
 
         A name used twice in one execution is refused (:class:`StepError`): the second call
         would silently get the first call's result. On a retry, a name done before is done.
+        A run told to stop is refused (:class:`~jobguard.exceptions.RunStopped`).
         """
+        self._check_running()
         key = self._operation(what)
         if (
             not isinstance(name, str)

@@ -12,6 +12,8 @@
     │   └── UnknownTaskError        no task of that name is registered
     ├── NotFoundError               no job / operation / dead job with that id
     ├── DuplicateJobError           a replay would make a second live job for one dedup key
+    ├── JobStateError               an operator action does not apply to the job's state
+    │   └── JobFinishedError        a cancel of a job that already completed or is dead
     ├── StoreUnavailableError       the database went away or is locked past its timeout (also
     │   │                           under a ``db_step``: its connection lost or timed out)
     │   └── StoreBrokenError        the store cannot be used as it is (retrying will not help)
@@ -21,6 +23,9 @@
     │   └── StaleFenceError         a newer lock holder exists (its fencing token is older)
     ├── LockBusyError               the resource lock is held by a live owner
     ├── WorkerFailedError           the worker stopped because it could not keep its leases
+    ├── RunStopped                  the run was told to stop; raised by ``ctx.step`` and friends
+    │   ├── TimeLimitExceeded       it ran past its soft time limit (retried)
+    │   └── JobCancelled            an operator cancelled it (not retried)
     └── HandlerDecision             raised by a handler to state what should happen next
         ├── Retry                   retry later (optionally after ``delay_s``)
         └── Fatal                   do not retry; move the job to the dead letter queue
@@ -123,6 +128,33 @@ class LockBusyError(JobGuardError):
 
 class WorkerFailedError(JobGuardError):
     """The worker stopped taking work because a part it relies on (the heartbeat) failed."""
+
+
+class JobFinishedError(JobStateError):
+    """The job already completed or is dead: there is nothing left to cancel."""
+
+
+class RunStopped(JobGuardError):
+    """The run was told to stop; ``ctx.step`` and ``ctx.db_step`` raise it from then on.
+
+    A handler need not catch it: letting it propagate ends the attempt as the stop says.
+    """
+
+
+class TimeLimitExceeded(RunStopped):
+    """The run passed its soft time limit: the attempt is recorded as ``timed_out`` and the
+    job retried as a transient failure (its recorded steps are kept)."""
+
+
+class HardTimeLimitExceeded(TimeLimitExceeded):
+    """The run passed its hard time limit and its process was killed (process mode): the
+    attempt is recorded as ``timed_out`` with this error, and the job retried as a transient
+    failure or buried by the task's rules, as for a soft limit."""
+
+
+class JobCancelled(RunStopped):
+    """An operator cancelled the job: the attempt ends and the job is buried as ``cancelled``,
+    not retried (it can be replayed like any dead job)."""
 
 
 class HandlerDecision(JobGuardError):

@@ -17,7 +17,7 @@ from jobguard.models import Attempt, Delivery, Outcome
 
 # How many of the most recent attempts (of every task) are searched for peers failing alike.
 PEER_WINDOW = 1000
-_FAILED = frozenset({Outcome.RETRY, Outcome.DEAD})
+_FAILED = frozenset({Outcome.RETRY, Outcome.DEAD, Outcome.TIMED_OUT})
 
 
 def streak_start(own: Sequence[Attempt], error_type: str, same: int, now: float) -> float:

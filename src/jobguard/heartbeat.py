@@ -6,6 +6,14 @@ VM, swapping): each delivery in flight remembers the longest such stall, so a le
 is recorded as a stall, not as a slow handler.
 Anything else means the heartbeat cannot do its job; it never dies silently: it hands the error
 to ``on_failure`` (the worker then stops taking work and says why) and stops.
+
+It also watches how long runs take, and whether they are wanted (#17). It wakes at each run's
+soft time limit, and a renewal that reads a cancel asked of the job: either way the run is told
+to stop (:meth:`InFlight.stop`: its next step raises, an async handler is cancelled) and
+``on_stop`` hears of it. A run told to stop that has not ended ``stop_grace_s`` later (default:
+one beat) is given up: it is no longer renewed, and ``on_abandon`` ends it in its place (the
+thread worker writes its ending, so its lock is released and its late writes are refused; a
+process-mode worker may kill the child that runs it).
 """
 
 from __future__ import annotations
@@ -14,10 +22,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from jobguard.backends.base import Backend, Renewal
-from jobguard.context import InFlight
-from jobguard.exceptions import JobGuardError
+from jobguard.backends.base import Backend, Renewal, RenewalResult
+from jobguard.context import InFlight, time_limit_exceeded
+from jobguard.core import messages
+from jobguard.exceptions import JobCancelled, JobGuardError, RunStopped
 from jobguard.hooks import Hooks
+
+Watcher = Callable[[InFlight], None]
 
 MIN_INTERVAL_S = 0.05
 IDLE_INTERVAL_S = 1.0
@@ -47,12 +58,19 @@ class Heartbeat(threading.Thread):
         snapshot: Callable[[], list[InFlight]],
         hooks: Hooks,
         on_failure: Callable[[BaseException], None] | None = None,
+        *,
+        on_stop: Watcher | None = None,
+        on_abandon: Watcher | None = None,
+        stop_grace_s: float | None = None,
     ) -> None:
         super().__init__(name="jobguard-heartbeat", daemon=True)
         self._backend = backend
         self._snapshot = snapshot
         self._hooks = hooks
         self._on_failure = on_failure
+        self._on_stop = on_stop
+        self._on_abandon = on_abandon
+        self._stop_grace_s = stop_grace_s
         self._stopped = threading.Event()
         self._wake = threading.Event()
 
@@ -72,9 +90,11 @@ class Heartbeat(threading.Thread):
             while not self._stopped.is_set():
                 # A poke (new deliveries) only shortens the wait when their leases need it: a
                 # fetch must not renew every lease in flight, or a busy worker renews per fetch.
-                interval_s = renewal_interval_s(self._snapshot())
+                snapshot = self._snapshot()
+                interval_s = renewal_interval_s(snapshot)
                 due = last_beat + interval_s
-                timeout_s = max(0.0, due - time.monotonic())
+                wake_at = min(due, self._next_watch(snapshot, interval_s))
+                timeout_s = max(0.0, wake_at - time.monotonic())
                 slept_from = time.monotonic()
                 poked = self._wake.wait(timeout_s)
                 self._wake.clear()
@@ -85,6 +105,7 @@ class Heartbeat(threading.Thread):
                             item.stalled_s = max(item.stalled_s, overslept_s)
                 if self._stopped.is_set():
                     return
+                self.watch(time.monotonic(), interval_s)
                 if time.monotonic() >= due:
                     last_beat = time.monotonic()
                     self.beat()
@@ -102,7 +123,10 @@ class Heartbeat(threading.Thread):
                 self._hooks.lease_lost(item.delivery, item.lost_reason)
         # Judged lost on this worker's clock is not taken over: such a lease is still renewed,
         # so that while it may be ours no other worker gets the job.
-        current = [item for item in snapshot if not item.lost or item.judged_lost]
+        # A run given up on is renewed no more: its ending was written, or is on its way.
+        current = [
+            item for item in snapshot if (not item.lost or item.judged_lost) and not item.abandoned
+        ]
         if not current:
             return
         renewals = [
@@ -120,17 +144,57 @@ class Heartbeat(threading.Thread):
                 item.renewed_at = beat_at
         self._hooks.leases_renewed(sum(r.lease_ok and r.lock_ok for r in results))
         for item, result in zip(current, results, strict=True):
-            if item.closing:
-                continue  # its own final write is the judge (it may have just finished the job)
-            if not result.lease_ok:
-                reason = "lease expired and was taken over"
-            elif not result.lock_ok:
-                reason = "resource lock expired and was taken over"
-            else:
+            if not item.closing:  # else its own final write is the judge (it may be done)
+                self._judge(item, result)
+
+    def _judge(self, item: InFlight, result: RenewalResult) -> None:
+        """What one renewal says of a run: a cancel to tell it of, or a lease or lock lost."""
+        if result.cancel_requested_by is not None and result.lease_ok:
+            actor = result.cancel_requested_by
+            self._tell(item, JobCancelled(messages.cancelled(item.delivery.job_id, actor)))
+        if not result.lease_ok:
+            reason = "lease expired and was taken over"
+        elif not result.lock_ok:
+            reason = "resource lock expired and was taken over"
+        else:
+            return
+        item.judged_lost = False  # confirmed: the store says so
+        if item.mark_lost(reason):
+            self._hooks.lease_lost(item.delivery, reason)
+
+    @staticmethod
+    def _watched(item: InFlight) -> bool:
+        """A run still in its handler's hands (not ending, not given up)."""
+        return not (item.closing or item.finishing or item.abandoned)
+
+    def _grace_s(self, interval_s: float) -> float:
+        return interval_s if self._stop_grace_s is None else self._stop_grace_s
+
+    def _next_watch(self, snapshot: list[InFlight], interval_s: float) -> float:
+        """When a run next passes its soft limit, or its grace after being told to stop."""
+        times = [
+            item.stopped_at + self._grace_s(interval_s)
+            if item.stop_reason is not None
+            else item.soft_deadline
+            for item in snapshot
+            if self._watched(item)
+        ]
+        return min((t for t in times if t is not None), default=float("inf"))
+
+    def watch(self, now: float, interval_s: float) -> None:
+        """Tell runs past their soft limit to stop; give up those told that did not end."""
+        for item in self._snapshot():
+            if not self._watched(item):
                 continue
-            item.judged_lost = False  # confirmed: the store says so
-            if item.mark_lost(reason):
-                self._hooks.lease_lost(item.delivery, reason)
+            if item.stop_reason is None:
+                if item.timed_out(now):
+                    self._tell(item, time_limit_exceeded(item.delivery))
+            elif now >= item.stopped_at + self._grace_s(interval_s) and self._on_abandon:
+                self._on_abandon(item)
+
+    def _tell(self, item: InFlight, reason: RunStopped) -> None:
+        if item.stop(reason) and self._on_stop is not None:
+            self._on_stop(item)
 
     def _give_up_unrenewable(self, current: list[InFlight]) -> None:
         """The store cannot be reached: a lease not renewed for its whole length may have

@@ -59,6 +59,20 @@ class Outcome(StoredEnum):
     LOST = "lost"
     LEASE_REFUSED = "lease_refused"
     FENCE_REFUSED = "fence_refused"
+    TIMED_OUT = "timed_out"  # ran past its soft time limit; retried as a transient failure
+
+
+# Deliveries that did not do their work: the dashboard draws them as failures, traces mark them.
+UNSUCCESSFUL_OUTCOMES = frozenset(
+    {
+        Outcome.RETRY,
+        Outcome.TIMED_OUT,
+        Outcome.DEAD,
+        Outcome.LOST,
+        Outcome.LEASE_REFUSED,
+        Outcome.FENCE_REFUSED,
+    }
+)
 
 
 class DeadCode(StoredEnum):
@@ -70,12 +84,14 @@ class DeadCode(StoredEnum):
     UNRUNNABLE = "unrunnable"  # unknown task or a payload the handler cannot take
     LOST = "lost"  # the last allowed delivery never reported back (its worker died)
     WAITED = "waited"  # waited for a busy resource longer than allowed
+    CANCELLED = "cancelled"  # an operator cancelled it (app.cancel, jobguard cancel, dashboard)
 
 
 class BusyReason(StrEnum):
     """Why a delivery could not begin: someone else holds what it needs."""
 
     LOCK = "lock"  # the resource lock is held by a live owner
+    SLOT = "slot"  # every slot of the concurrency key is held by a live owner
     OPERATION = "operation"  # another live delivery claims the operation record
 
 
@@ -108,6 +124,12 @@ class JobSpec:
     dedup_window_s: float = 0.0
     headers: str | None = None
     """Context carried with the job (a JSON object as text), e.g. the enqueuer's trace."""
+    soft_time_limit_s: float | None = None
+    """Run time after which the handler is told to stop (``None``: no limit)."""
+    time_limit_s: float | None = None
+    """Run time after which the run is stopped (process mode only; ``None``: no limit)."""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +157,14 @@ class Job:
     dead_reason: str | None
     dead_code: DeadCode | None = None
     headers: str | None = None
+    soft_time_limit_s: float | None = None
+    time_limit_s: float | None = None
+    cancel_requested_at: float | None = None
+    """When a cancel was asked of this job while it ran (``None``: never)."""
+    cancel_requested_by: str | None = None
+    """Who asked for that cancel."""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     deduplicated: bool = False
     """True when enqueue returned an existing job instead of storing a new one (G6.1)."""
 
@@ -161,26 +191,39 @@ class Delivery:
     error_signature: str | None
     same_error_count: int
     headers: str | None = None
+    soft_time_limit_s: float | None = None
+    time_limit_s: float | None = None
+    cancel_requested_by: str | None = None
+    """Set when a cancel was asked before this lease began: the job is not run."""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class LockGrant:
-    """Ownership of a resource lock: the owner token and its fencing token (G3.2, G3.5)."""
+    """Ownership of a resource lock: the owner token and its fencing token (G3.2, G3.5).
+
+    A concurrency slot is granted the same way: ``resource`` is the concurrency key and
+    ``slot`` the number of the slot held (0 to the limit minus one), whose own fence it carries.
+    """
 
     resource: str
     owner: str
     fence: int
     expires_at: float
+    slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Guard:
-    """What a write must prove: the delivery's lease and, if any, the lock grant's fence."""
+    """What a write must prove: the delivery's lease and, if any, the fences of its lock grant
+    and of its concurrency slot."""
 
     job_id: int
     lease_token: str
     attempt_id: int
     lock: LockGrant | None = None
+    slot: LockGrant | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 ::
 
     delivery (leased) ─► known task? JSON object? arguments fit? ── no ─► bury
-        ─► resource lock (owner token, fence) ── busy ─► defer (attempt not charged)
+        ─► resource lock, concurrency slot (owner token, fences) ── busy ─► defer (uncharged)
         ─► operation record ── completed ─► "already processed"
         ─► handler(ctx)  (steps memoised, db_step effects in the step's transaction)
         ─► completed: operation completed + job done + attempt closed + lock released
@@ -20,6 +20,7 @@ hooks. Until its ending is written a delivery is not over: its lease is held and
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import random
@@ -27,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jobguard.backends.base import (
     Backend,
@@ -44,7 +45,15 @@ from jobguard.core import messages
 from jobguard.core.jsonvalues import MAX_NESTING, decode_object, too_deep
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
 from jobguard.core.text import MAX_TRACEBACK_CHARS, describe, storable
-from jobguard.exceptions import Fatal, GuardLost, JobGuardError, StaleFenceError
+from jobguard.exceptions import (
+    Fatal,
+    GuardLost,
+    JobCancelled,
+    JobGuardError,
+    RunStopped,
+    StaleFenceError,
+    TimeLimitExceeded,
+)
 from jobguard.failures import history_for
 from jobguard.hooks import AttemptEvent
 from jobguard.models import DeadCode, Delivery, Guard, OperationStatus, Outcome
@@ -56,6 +65,17 @@ if TYPE_CHECKING:
 RunAsync = Callable[[Coroutine[Any, Any, Any]], Any]
 
 
+class RunWatch(Protocol):
+    """Told when a handler starts and stops running (a process worker's slot reports it to the
+    supervisor, which enforces hard time limits from it)."""
+
+    def handler_started(self, inflight: InFlight) -> None:
+        """The handler of ``inflight`` is about to be called (its lock, if any, is held)."""
+
+    def handler_ended(self, inflight: InFlight) -> None:
+        """The handler of ``inflight`` returned or raised (its ending is not written yet)."""
+
+
 def guard_of(delivery: Delivery) -> Guard:
     """The guard of a fresh delivery (no lock yet)."""
     return Guard(
@@ -64,9 +84,10 @@ def guard_of(delivery: Delivery) -> Guard:
 
 
 def _hold(inflight: InFlight, begun: Begun, request: BeginRequest) -> None:
-    """Carry a lock grant on the delivery, so later writes prove its fence and it is renewed."""
-    if begun.grant is not None:
-        inflight.guard = replace(inflight.guard, lock=begun.grant)
+    """Carry a lock grant and a slot grant on the delivery, so later writes prove their fences
+    and they are renewed."""
+    if begun.grant is not None or begun.slot is not None:
+        inflight.guard = replace(inflight.guard, lock=begun.grant, slot=begun.slot)
         inflight.lock_ttl_s = request.lock_ttl_s
 
 
@@ -81,6 +102,8 @@ class Pipeline:
         hooks: Hooks,
         rng: random.Random | None = None,
         run_async: RunAsync | None = None,
+        hard_limits: bool = False,
+        watch: RunWatch | None = None,
     ) -> None:
         self.backend = backend
         self.tasks = tasks
@@ -89,6 +112,10 @@ class Pipeline:
         self.rng = rng or random.Random()
         # Where coroutines of async handlers run: the worker's event loop thread.
         self.run_async = run_async
+        # Whether the worker running this pipeline stops a run at its hard time limit (process
+        # mode does; threads cannot): a job with one is otherwise left for a worker that does.
+        self.hard_limits = hard_limits
+        self.watch = watch
 
     def run(self, inflight: InFlight) -> Ending:
         """Run the delivery and return how it ends (not written: see :meth:`QueuePort.settle`).
@@ -99,6 +126,7 @@ class Pipeline:
         the attempt as lost).
         """
         started = time.monotonic()
+        inflight.run_started = started
         with self.hooks.delivering(inflight.delivery):
             try:
                 return self._run(inflight, started)
@@ -178,13 +206,13 @@ class Pipeline:
     def _run(self, inflight: InFlight, started: float) -> Ending:
         delivery = inflight.delivery
         task = self.tasks.get(delivery.task)
-        if task is None:
-            return self._bury_unrunnable(
-                inflight, f"unknown task {delivery.task!r}: no handler registered", started
-            )
+        if delivery.cancel_requested_by is not None or task is None:
+            return self._not_run(inflight, started)
         arguments = self._arguments(delivery, task)
         if isinstance(arguments, str):
             return self._bury_unrunnable(inflight, arguments, started)
+        if delivery.time_limit_s is not None and not self.hard_limits:
+            return self._defer(inflight, task, started, messages.needs_hard_limits(delivery))
 
         stored_steps: dict[str, Any] = {}
         begun = inflight.begun  # taken in the fetch's transaction, already held
@@ -195,7 +223,13 @@ class Pipeline:
                 _hold(inflight, begun, request)
         if begun is not None:
             if begun.busy is not None:
-                reason = messages.busy(begun.busy, delivery.resource_key, delivery.operation_key)
+                reason = messages.busy(
+                    begun.busy,
+                    delivery.resource_key,
+                    delivery.operation_key,
+                    delivery.concurrency_key,
+                    delivery.concurrency_limit,
+                )
                 return self._defer(inflight, task, started, reason)
             operation = begun.operation
             if operation is not None and operation.status == OperationStatus.COMPLETED:
@@ -207,6 +241,19 @@ class Pipeline:
                 stored_steps = operation.steps
 
         return self._execute(inflight, task, arguments, stored_steps, started)
+
+    def _not_run(self, inflight: InFlight, started: float) -> Ending:
+        """A delivery whose handler must not run: its job was cancelled while an earlier run
+        went on and that run ended without learning it (its worker died, or it was retried or
+        handed back), and a cancelled job never runs again; or its task is unknown here."""
+        delivery = inflight.delivery
+        actor = delivery.cancel_requested_by
+        if actor is None:
+            return self._bury_unrunnable(
+                inflight, f"unknown task {delivery.task!r}: no handler registered", started
+            )
+        inflight.stop(JobCancelled(messages.cancelled(delivery.job_id, actor)))
+        return self.stopped(inflight, None)
 
     def _execute(
         self,
@@ -225,14 +272,22 @@ class Pipeline:
             hooks=self.hooks,
         )
         inflight.context = ctx
+        inflight.start_clock()
         try:
-            value = self._call(task, ctx, arguments)
+            value = self._watched(inflight, task, ctx, arguments)
         except GuardLost:
             raise
+        except RunStopped as exc:
+            if inflight.stop_reason is None:  # raised by the handler itself: take it as said
+                inflight.stop(exc)
+            return self.stopped(inflight, task)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            if inflight.stop_reason is not None:
+                # It failed after being told to stop (its I/O cut short, say): the stop decides.
+                return self.stopped(inflight, task)
             # sys.exit() or argparse in a handler ends that job as a failure (retried or buried
             # by its rules), never the handler thread: the slot keeps working.
-            return self._failed(inflight, task, ctx, exc, started)
+            return self._failed(inflight, task, exc, self._closing(inflight, started, ctx))
         try:
             if too_deep(value):
                 raise ValueError(f"it nests deeper than {MAX_NESTING} levels")
@@ -240,7 +295,7 @@ class Pipeline:
         except (TypeError, ValueError) as exc:
             # A programming error that every rerun repeats: never retry it (its steps are kept).
             unjsonable = Fatal(f"the handler returned a value that is not JSON: {exc}")
-            return self._failed(inflight, task, ctx, unjsonable, started)
+            return self._failed(inflight, task, unjsonable, self._closing(inflight, started, ctx))
         return Ending(
             inflight.guard,
             self._closing(inflight, started, ctx),
@@ -250,15 +305,56 @@ class Pipeline:
             external_ref=ctx.external_ref,
         )
 
-    def _call(self, task: Task, ctx: Context, arguments: dict[str, Any]) -> Any:
+    def _watched(
+        self, inflight: InFlight, task: Task, ctx: Context, arguments: dict[str, Any]
+    ) -> Any:
+        """Run the handler, telling the watch (if any) when it starts and when it stops."""
+        if self.watch is None:
+            return self._call(task, ctx, arguments, inflight)
+        self.watch.handler_started(inflight)
+        try:
+            return self._call(task, ctx, arguments, inflight)
+        finally:
+            self.watch.handler_ended(inflight)
+
+    def _call(self, task: Task, ctx: Context, arguments: dict[str, Any], inflight: InFlight) -> Any:
         """Run the handler; a coroutine (an async handler's) is awaited on the worker's loop."""
         value = task.fn(ctx, **arguments)
         if inspect.iscoroutine(value):
             if self.run_async is None:
                 value.close()
                 raise Fatal("this pipeline has no event loop to run an async handler on")
-            value = self.run_async(value)
+            value = self.run_async(_stoppable(value, inflight))
         return value
+
+    def stopped(self, inflight: InFlight, task: Task | None) -> Ending:
+        """How a run told to stop ends (``inflight.stop_reason``): a cancelled one is buried
+        as cancelled, never retried; one past its soft time limit is recorded as timed out and
+        retried as a transient failure, or buried by the task's rules (attempts spent, the
+        same timeout again and again).
+
+        Also the ending the worker writes for a run it gives up on (the handler never
+        cooperated), from another thread than the handler's: it reads only the delivery.
+        """
+        reason = inflight.stop_reason
+        assert reason is not None
+        ctx = inflight.context
+        closing = self._closing(inflight, inflight.run_started, ctx)
+        delivery = inflight.delivery
+        if isinstance(reason, TimeLimitExceeded) and task is not None:
+            # A fresh error without a traceback: every timeout of a job has one signature, so
+            # a job that keeps timing out is seen as repeating itself (poison, spent attempts).
+            return self._failed(inflight, task, type(reason)(str(reason)), closing)
+        error = ErrorInfo(type=type(reason).__name__, message=describe(reason))
+        return Ending(
+            inflight.guard,
+            closing,
+            Outcome.DEAD,
+            code=DeadCode.CANCELLED,
+            reason=storable(str(reason)),
+            error=error,
+            operation_key=delivery.operation_key,
+        )
 
     def _defer(self, inflight: InFlight, task: Task, started: float, reason: str) -> Ending:
         delivery = inflight.delivery
@@ -280,13 +376,9 @@ class Pipeline:
         )
 
     def _failed(
-        self,
-        inflight: InFlight,
-        task: Task,
-        ctx: Context,
-        exc: BaseException,
-        started: float,
+        self, inflight: InFlight, task: Task, exc: BaseException, closing: Closing
     ) -> Ending:
+        """A failed run retried or buried by the task's rules; a timeout keeps its outcome."""
         delivery = inflight.delivery
         signature = error_signature(exc)
         same = delivery.same_error_count + 1 if signature == delivery.error_signature else 1
@@ -307,12 +399,12 @@ class Pipeline:
             signature=signature,
             same_count=same,
         )
-        closing = self._closing(inflight, started, ctx)
+        timed_out = isinstance(exc, TimeLimitExceeded)
         if decision.verdict is Verdict.RETRY:
             return Ending(
                 inflight.guard,
                 closing,
-                Outcome.RETRY,
+                Outcome.TIMED_OUT if timed_out else Outcome.RETRY,
                 delay_s=decision.delay_s,
                 reason=decision.reason,
                 error=error,
@@ -321,7 +413,7 @@ class Pipeline:
         return Ending(
             inflight.guard,
             closing,
-            Outcome.DEAD,
+            Outcome.TIMED_OUT if timed_out else Outcome.DEAD,
             code=decision.code or DeadCode.FATAL,
             reason=decision.reason,
             error=error,
@@ -346,6 +438,31 @@ class Pipeline:
                 inflight.guard, closing, Outcome.FENCE_REFUSED, delay_s, reason=reason, error=error
             )
         return Ending(inflight.guard, closing, Outcome.LEASE_REFUSED, reason=reason, error=error)
+
+
+async def _stoppable(coroutine: Coroutine[Any, Any, Any], inflight: InFlight) -> Any:
+    """Await an async handler so that telling its run to stop cancels it: the cancellation
+    comes back as the stop's own error, which the pipeline ends the run with."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+
+    def cancel() -> None:
+        loop.call_soon_threadsafe(task.cancel)
+
+    inflight.canceller = cancel
+    try:
+        if inflight.stop_error() is not None:
+            coroutine.close()
+            raise asyncio.CancelledError
+        return await coroutine
+    except asyncio.CancelledError:
+        reason = inflight.stop_reason
+        if reason is None:
+            raise  # cancelled by the loop's close at shutdown, not by a stop
+        raise type(reason)(str(reason)) from None
+    finally:
+        inflight.canceller = None
 
 
 def lost(inflight: InFlight, closing: Closing, reason: str) -> Ending:

@@ -18,13 +18,16 @@ from jobguard.models import Attempt, Delivery, Outcome
 
 # Attempts that say nothing of the job itself: still running, or handed back uncharged.
 _NO_VERDICT = frozenset({Outcome.RUNNING, Outcome.RELEASED, Outcome.DEFERRED})
+# Attempts that held their slot to the end and never ended on their own: the worker died with
+# them, or gave them up past their soft time limit (a handler that hangs, leaving its thread).
+_CRASHED = frozenset({Outcome.LOST, Outcome.TIMED_OUT})
 
 
 def lost_last(attempts: Sequence[Attempt]) -> bool:
-    """Whether the last attempt that ran to an end (in order) was lost: its worker never
-    reported back (it crashed, was killed, or stalled past its lease)."""
+    """Whether the last attempt that ran to an end (in order) was lost (its worker never
+    reported back: it crashed, was killed, or stalled past its lease) or timed out."""
     ended = [a for a in attempts if a.outcome not in _NO_VERDICT]
-    return bool(ended) and ended[-1].outcome is Outcome.LOST
+    return bool(ended) and ended[-1].outcome in _CRASHED
 
 
 def is_suspect(store: AttemptPort, delivery: Delivery) -> bool:
@@ -46,6 +49,14 @@ class SoloGate:
     @contextmanager
     def running(self, *, solo: bool) -> Iterator[None]:
         """Hold the gate while one handler runs (alone, if ``solo``)."""
+        self.enter(solo=solo)
+        try:
+            yield
+        finally:
+            self.leave(solo=solo)
+
+    def enter(self, *, solo: bool) -> None:
+        """Wait for a turn to run one handler (alone, if ``solo``); :meth:`leave` ends it."""
         with self._changed:
             if solo:
                 self._waiting_solo += 1
@@ -56,14 +67,14 @@ class SoloGate:
                 # A waiting suspect goes first: otherwise a busy worker never lets it run alone.
                 self._changed.wait_for(lambda: not self._solo and self._waiting_solo == 0)
             self._running += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._running -= 1
-                if solo:
-                    self._solo = False
-                self._changed.notify_all()
+
+    def leave(self, *, solo: bool) -> None:
+        """One handler's turn is over (it ended, or the worker gave its run up)."""
+        with self._changed:
+            self._running -= 1
+            if solo:
+                self._solo = False
+            self._changed.notify_all()
 
     @property
     def solo(self) -> bool:

@@ -98,16 +98,39 @@ class CallOptions:
     queue: str | None = None
     operation_key: str | None = None
     resource_key: str | None = None
+    soft_time_limit_s: float | None = None
+    time_limit_s: float | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse NaN, infinity, negative, out-of-range and non-numeric values, naming them."""
         set_field = object.__setattr__  # frozen: normalise in place once, here
+        if self.concurrency_limit is not None:
+            checks.concurrency_limit("concurrency_limit", self.concurrency_limit)
         set_field(self, "delay_s", checks.seconds("delay_s", self.delay_s))
         set_field(
             self, "dedup_window_s", checks.optional_seconds("dedup_window_s", self.dedup_window_s)
         )
+        soft, hard = check_time_limits(self.soft_time_limit_s, self.time_limit_s)
+        set_field(self, "soft_time_limit_s", soft)
+        set_field(self, "time_limit_s", hard)
         if self.priority is not None:
             set_field(self, "priority", checks.priority("priority", self.priority))
+
+
+def check_time_limits(soft: Any, hard: Any) -> tuple[float | None, float | None]:
+    """A soft and a hard run-time limit: each ``None`` or a positive finite number of
+    seconds, and the soft one below the hard one when both are given (the handler is told
+    before it is stopped)."""
+    soft = checks.optional_seconds("soft_time_limit_s", soft, positive=True)
+    hard = checks.optional_seconds("time_limit_s", hard, positive=True)
+    if soft is not None and hard is not None and soft >= hard:
+        raise ConfigurationError(
+            f"soft_time_limit_s ({soft:g}) must be less than time_limit_s ({hard:g}): the "
+            "handler is told at the soft limit, before the hard one stops it"
+        )
+    return soft, hard
 
 
 def call_options(**options: Any) -> CallOptions:
@@ -160,6 +183,10 @@ class Task:
         lock_ttl_s: float,
         max_defer_s: float,
         dedup_window_s: float,
+        soft_time_limit_s: float | None = None,
+        time_limit_s: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
             raise ConfigurationError(f"task name {name!r} is not valid")
@@ -176,8 +203,16 @@ class Task:
         self.operation_key = operation_key
         self.resource_key = resource_key
         self.lock_ttl_s = checks.seconds("lock_ttl_s", lock_ttl_s, positive=True)
+        self.concurrency_key = concurrency_key
+        self.concurrency_limit = _limit_of(name, concurrency_key, concurrency_limit)
         self.max_defer_s = checks.seconds("max_defer_s", max_defer_s)
         self.dedup_window_s = checks.seconds("dedup_window_s", dedup_window_s)
+        try:
+            self.soft_time_limit_s, self.time_limit_s = check_time_limits(
+                soft_time_limit_s, time_limit_s
+            )
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"task {name!r}: {exc}") from exc
         try:
             self.signature = inspect.signature(fn)
         except (TypeError, ValueError) as exc:
@@ -196,7 +231,12 @@ class Task:
         accepts_any = any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in self.signature.parameters.values()
         )
-        for what, template in (("operation_key", operation_key), ("resource_key", resource_key)):
+        templates = (
+            ("operation_key", operation_key),
+            ("resource_key", resource_key),
+            ("concurrency_key", concurrency_key),
+        )
+        for what, template in templates:
             if template is None:
                 continue
             if not isinstance(template, str):
@@ -231,6 +271,10 @@ class Task:
         queue: str | None = None,
         operation_key: str | None = None,
         resource_key: str | None = None,
+        soft_time_limit_s: float | None = None,
+        time_limit_s: float | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> BoundCall:
         """Per-call options, kept apart from the task's own arguments so names never clash.
 
@@ -243,6 +287,13 @@ class Task:
             queue: Override the task's queue.
             operation_key: A literal operation key for this call (instead of the template).
             resource_key: A literal resource key for this call (instead of the template).
+            soft_time_limit_s: This call's soft run-time limit (instead of the task's).
+            time_limit_s: This call's hard run-time limit (instead of the task's; enforced by
+                process-mode workers only).
+            concurrency_key: A literal concurrency key for this call (instead of the template);
+                with the task's ``concurrency_limit`` or this call's.
+            concurrency_limit: How many jobs of the concurrency key may run at once, for this
+                call (instead of the task's).
         """
         return BoundCall(
             self,
@@ -254,6 +305,10 @@ class Task:
                 queue=queue,
                 operation_key=operation_key,
                 resource_key=resource_key,
+                soft_time_limit_s=soft_time_limit_s,
+                time_limit_s=time_limit_s,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
             ),
         )
 
@@ -311,12 +366,20 @@ class Task:
         payload = encode_payload(kwargs, self.app.max_payload_bytes)
         operation_key = _key("operation_key", options.operation_key, self.operation_key, kwargs)
         resource_key = _key("resource_key", options.resource_key, self.resource_key, kwargs)
+        concurrency_key, concurrency_limit = self._concurrency(kwargs, options)
         dedup_key = (
             check_key(options.dedup_key, "dedup_key") if options.dedup_key is not None else None
         )
         window = self.dedup_window_s if options.dedup_window_s is None else options.dedup_window_s
         # `is None`, not `or`: an explicit empty name must be refused, not defaulted.
         queue = check_queue_name(self.queue if options.queue is None else options.queue)
+        # Each limit of the call replaces the task's; the pair is checked again together.
+        soft, hard = check_time_limits(
+            self.soft_time_limit_s
+            if options.soft_time_limit_s is None
+            else options.soft_time_limit_s,
+            self.time_limit_s if options.time_limit_s is None else options.time_limit_s,
+        )
         return JobSpec(
             task=self.name,
             queue=queue,
@@ -328,10 +391,52 @@ class Task:
             delay_s=options.delay_s,
             operation_key=operation_key,
             resource_key=resource_key,
-            lock_ttl_s=self.lock_ttl_s if resource_key else None,
+            lock_ttl_s=self.lock_ttl_s if resource_key or concurrency_key else None,
             dedup_key=dedup_key,
             dedup_window_s=window,
+            soft_time_limit_s=soft,
+            time_limit_s=hard,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
+
+    def _concurrency(
+        self, kwargs: Mapping[str, Any], options: CallOptions
+    ) -> tuple[str | None, int | None]:
+        """The concurrency key and limit of one call: a per-call option wins over the task's."""
+        key = _key("concurrency_key", options.concurrency_key, self.concurrency_key, kwargs)
+        limit = (
+            self.concurrency_limit
+            if options.concurrency_limit is None
+            else options.concurrency_limit
+        )
+        if key is None and limit is not None:
+            # A limit with nothing to count by would let every job run: refused, not ignored.
+            raise ConfigurationError(
+                f"task {self.name!r}: concurrency_limit needs a concurrency_key to count runs by"
+            )
+        if key is not None and limit is None:
+            raise ConfigurationError(
+                f"task {self.name!r}: concurrency_key {key!r} needs a concurrency_limit "
+                "(how many of its jobs may run at once)"
+            )
+        return key, limit
+
+
+def _limit_of(name: str, key: str | None, limit: Any) -> int | None:
+    """A task's concurrency limit: a whole number of slots. A key needs one; a limit without a
+    key waits for a per-call key (``task.options(concurrency_key=...)``)."""
+    if limit is None:
+        if key is not None:
+            raise ConfigurationError(
+                f"task {name!r}: concurrency_key needs a concurrency_limit "
+                "(how many of its jobs may run at once)"
+            )
+        return None
+    try:
+        return checks.concurrency_limit("concurrency_limit", limit)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"task {name!r}: {exc}") from exc
 
 
 class BoundCall:

@@ -41,8 +41,9 @@ from jobguard.exceptions import (
     WorkerFailedError,
 )
 from jobguard.heartbeat import Heartbeat
+from jobguard.limits import refuse_hard_limits
 from jobguard.models import Outcome
-from jobguard.pipeline import Pipeline, lost
+from jobguard.pipeline import Pipeline, RunWatch, lost
 from jobguard.process import on_stop_signals
 from jobguard.scheduler import Scheduler
 from jobguard.settler import Settler
@@ -113,6 +114,10 @@ def default_worker_id() -> str:
 class Worker:
     """Runs jobs from some queues until stopped (or, in burst mode, until nothing is ready).
 
+    Handlers run on threads, which cannot be stopped from outside: the worker enforces soft
+    time limits (``soft_time_limit_s``) and cancels, and refuses to start with a task that has
+    a hard one (``time_limit_s``), which only a process-mode worker enforces.
+
     Args:
         app: The app whose tasks and store to use.
         queues: Queue names in priority order: earlier queues are fetched from first.
@@ -129,7 +134,13 @@ class Worker:
             seconds (at most every minute); operation records and steps are kept.
         schedule: Also run a scheduler thread that enqueues the ticks of the app's schedules
             (``@app.periodic``); any number of workers may do so at once.
+        watch: Told when each handler starts and stops (a process worker's slot reports this
+            to its supervisor, which enforces hard time limits).
     """
+
+    # Whether this kind of worker stops a run at its hard time limit (``time_limit_s``): threads
+    # cannot, so this one refuses such tasks; a process-mode worker sets it.
+    enforces_hard_limits = False
 
     def __init__(
         self,
@@ -145,6 +156,7 @@ class Worker:
         install_signal_handlers: bool = True,
         retention_s: float | None = None,
         schedule: bool = False,
+        watch: RunWatch | None = None,
     ) -> None:
         self.concurrency = checks.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
         self.prefetch = (
@@ -158,6 +170,8 @@ class Worker:
         worker_id = checks.optional_text("worker_id", worker_id)
         self.retention_s = checks.optional_seconds("retention_s", retention_s)
         self.app = app
+        if not self.enforces_hard_limits:
+            refuse_hard_limits(app.tasks.values())
         self.queues = [check_queue_name(q) for q in (queues or app.queues())]
         if not self.queues:
             raise ConfigurationError("the worker has no queue to fetch from")
@@ -179,7 +193,13 @@ class Worker:
         self._stopping = threading.Event()
         self._loop = EventLoopThread()
         self._pipeline = Pipeline(
-            app.backend, app.tasks, self.worker_id, app.hooks, run_async=self._loop.run
+            app.backend,
+            app.tasks,
+            self.worker_id,
+            app.hooks,
+            run_async=self._loop.run,
+            watch=watch,
+            hard_limits=self.enforces_hard_limits,
         )
         self._settler = Settler(
             app.backend, self._pipeline, app.hooks, counted=self.stats.count, done=self._done
@@ -197,8 +217,13 @@ class Worker:
         )
         self._scheduler_thread: threading.Thread | None = None
         self._heartbeat = Heartbeat(
-            app.backend, self._snapshot, app.hooks, on_failure=self._heartbeat_failed
+            app.backend,
+            self._snapshot,
+            app.hooks,
+            on_failure=self._heartbeat_failed,
+            on_abandon=self._abandon,
         )
+        self._threads: list[threading.Thread] = []
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -220,12 +245,8 @@ class Worker:
         :class:`~jobguard.exceptions.StoreBrokenError`. It still shut down as on SIGTERM.
         """
         restore = self._install_signals()
-        threads = [
-            threading.Thread(target=self._handle_loop, name=f"jobguard-handler-{i}", daemon=True)
-            for i in range(self.concurrency)
-        ]
-        for thread in threads:
-            thread.start()
+        for _ in range(self.concurrency):
+            self._start_handler()
         self._settler.start()
         if self.retention_s is not None:
             threading.Thread(
@@ -238,7 +259,7 @@ class Worker:
         try:
             self._fetch_loop(burst)
         finally:
-            self._shutdown(threads)
+            self._shutdown()
             restore()
         return self.stats
 
@@ -407,6 +428,46 @@ class Worker:
 
     # -- handling -------------------------------------------------------------------------------
 
+    def _start_handler(self) -> None:
+        thread = threading.Thread(
+            target=self._handle_loop, name=f"jobguard-handler-{len(self._threads)}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def _abandon(self, item: InFlight) -> None:
+        """Give up a run told to stop that did not end (its handler never cooperated).
+
+        Its thread cannot be stopped: its ending is written in its place (the lock released,
+        the job retried or buried as the stop says), a new handler thread takes its slot, and
+        whatever the old thread does when it wakes is discarded (its writes are refused).
+        """
+        with self._slot_freed:
+            if item.finishing or item.abandoned or not item.started:
+                return  # it ended meanwhile: its own ending is on its way
+            item.abandoned = True
+            if item.solo:
+                self._solo_pending = False
+        item.mark_lost(f"given up by the worker: {item.stop_reason}")
+        self._gate.leave(solo=item.solo)
+        try:
+            ending = self._pipeline.stopped(item, self.app.tasks.get(item.delivery.task))
+        except JobGuardError as exc:  # the store failed: left to its lease, which expires
+            self.app.hooks.store_error("pipeline", exc)
+            ending = lost(item, Closing(0.0), f"store error: {exc}")
+        log.warning(
+            "job %s: %s; its handler did not stop, giving its run up",
+            item.delivery.job_id,
+            item.stop_reason,
+        )
+        with self._slot_freed:
+            item.finishing = True
+            self._finishing += 1
+            self._slot_freed.notify_all()
+        if not self._stopping.is_set():
+            self._start_handler()  # the stuck thread's slot keeps working
+        self._settler.put(item, ending)
+
     def _handle_loop(self) -> None:
         while True:
             item = self._buffer.get()
@@ -418,9 +479,9 @@ class Worker:
                 self._done(item)
                 continue
             item.started = True
+            self._gate.enter(solo=item.solo)
             try:
-                with self._gate.running(solo=item.solo):
-                    ending = self._pipeline.run(item)
+                ending = self._pipeline.run(item)
             except BaseException:
                 # A bug of the pipeline (never a handler's error, which is the job's): the
                 # slot keeps working, and the lease expires so the job is redelivered.
@@ -431,11 +492,17 @@ class Worker:
                     "job %s: %s; leaving it to its lease", item.delivery.job_id, ending.reason
                 )
             with self._slot_freed:
+                if item.abandoned:
+                    # Given up while it hung: its ending was written for it, and another thread
+                    # took this one's slot. This late ending is discarded, and the thread ends.
+                    log.warning("job %s: a run given up came back late", item.delivery.job_id)
+                    return
                 item.finishing = True
                 self._finishing += 1
                 if item.solo:
                     self._solo_pending = False
                 self._slot_freed.notify_all()
+            self._gate.leave(solo=item.solo)
             self._settler.put(item, ending)
 
     def _done(self, item: InFlight) -> None:
@@ -449,11 +516,11 @@ class Worker:
 
     # -- shutdown -------------------------------------------------------------------------------
 
-    def _shutdown(self, threads: list[threading.Thread]) -> None:
+    def _shutdown(self) -> None:
         self._stopping.set()
         if self.scheduler is not None:
             self.scheduler.stop()
-        for _ in threads:
+        for _ in list(self._threads):
             self._buffer.put(_STOP)
         started = time.monotonic()
         with self._slot_freed:

@@ -30,6 +30,7 @@ from jobguard.exceptions import ConfigurationError, StoreUnavailableError
 from jobguard.models import JobSpec, JobStatus
 
 LATEST = load_migrations("jobguard.backends.sqlite")[-1][0]
+SHIPPED = [version for version, _name, _sql in load_migrations("jobguard.backends.sqlite")]
 TABLES = {"jobs", "attempts", "locks", "operations", "steps", "schedules"}
 
 
@@ -145,7 +146,7 @@ def test_a_file_versioned_in_user_version_moves_to_the_version_table(db_path: Pa
     with closing(sqlite3.connect(db_path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
         recorded = [v for (v,) in conn.execute("SELECT version FROM jobguard_schema ORDER BY 1")]
-    assert recorded == list(range(1, LATEST + 1))
+    assert recorded == SHIPPED
 
 
 def test_a_failing_migration_rolls_back_entirely(

@@ -71,6 +71,13 @@ def start_cli(url: str, args: list[str], marker: str) -> Served:
     raise RuntimeError(f"`jobguard {' '.join(args)}` did not start:\n{''.join(seen)}")
 
 
+def serve_dashboard(url: str, served: list[Served], *options: str) -> str:
+    """Start ``jobguard dashboard`` on ``url`` (with ``options``, e.g. ``--token``); its base."""
+    proc = start_cli(url, ["--url", url, "dashboard", "--port", "0", *options], "dashboard at")
+    served.append(proc)
+    return proc.url
+
+
 @pytest.fixture
 def served() -> Iterator[list[Served]]:
     """Processes started by the test, killed at its end whatever happened."""

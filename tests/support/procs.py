@@ -205,3 +205,18 @@ def store_is_writable(db_path: str | Path, timeout_s: float = 0.05) -> bool:
         return False
     finally:
         conn.close()
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO_ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``jobguard`` executable once and capture what it printed."""
+    return subprocess.run(
+        [*entry_point(), *args],
+        cwd=cwd,
+        env=clean_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -30,6 +30,9 @@ KILL_SELF = "kill_self"
 NOOP = "noop"
 BACKOFF = "backoff"
 LONG_BACKOFF_S = 3600.0
+SLOTTED = "slotted"
+SLOT_LIMIT = 3
+SLOT_TTL_S = 3.0
 KILL_SELF_MAX_ATTEMPTS = 3
 AWAIT_LOST_S = 15.0
 
@@ -152,6 +155,20 @@ def make_app(url: str, *, visibility_timeout_s: float = 1.0) -> App:
         """Record the start, then SIGKILL the worker process running it (never reports back)."""
         record(url, ctx, "start")
         os.kill(os.getpid(), signal.SIGKILL)
+
+    @app.task(
+        name=SLOTTED,
+        visibility_timeout_s=SLOT_TTL_S,
+        lock_ttl_s=SLOT_TTL_S,
+        max_attempts=10,
+        concurrency_key="account:{account}",
+        concurrency_limit=SLOT_LIMIT,
+    )
+    def slotted(ctx: Context, account: int, sleep_s: float) -> None:
+        """At most ``SLOT_LIMIT`` run at once per account: record start, sleep, record end."""
+        record(url, ctx, "start")
+        time.sleep(sleep_s)
+        record(url, ctx, "end")
 
     @app.task(name=NOOP, visibility_timeout_s=visibility_timeout_s)
     def noop(ctx: Context, n: int = 0) -> None:

@@ -75,6 +75,7 @@ SETTLED_OUTCOMES = (
     | REFUSED_OUTCOMES
     | {
         Outcome.RETRY,
+        Outcome.TIMED_OUT,
         Outcome.DEFERRED,
         Outcome.DEAD,
         Outcome.RELEASED,
@@ -93,6 +94,8 @@ class Ending:
       claim.
     - ``retry``: requeued after ``delay_s`` with ``error``; the attempt stays charged, the
       operation claim (``operation_key``) is dropped.
+    - ``timed_out``: the run passed its soft time limit; as ``retry``, or, with ``code``,
+      as ``dead`` (the task's rules buried it), the attempt recorded as timed out.
     - ``deferred``: requeued after ``delay_s``, the attempt handed back (``reason``).
     - ``dead``: buried with ``code``, ``reason`` and ``error``; the operation marked failed.
     - ``released``: handed back now, uncharged, its claim dropped (graceful shutdown).
@@ -133,12 +136,13 @@ class DeliveryRules:
 
     visibility_timeout_s: float | None  # None: the queue's, as stored at enqueue
     max_attempts: int
-    lock_ttl_s: float = 30.0  # the resource lock's length, for a job with a resource key
+    lock_ttl_s: float = 30.0  # the lock's and the slot's length, for a job that takes them
 
 
 @dataclass(frozen=True, slots=True)
 class Renewal:
-    """One in-flight delivery for the heartbeat to extend, with its lease and lock lengths."""
+    """One in-flight delivery for the heartbeat to extend, with its lease and lock lengths
+    (``lock_ttl_s`` is also the length of its concurrency slot)."""
 
     guard: Guard
     visibility_timeout_s: float
@@ -147,20 +151,27 @@ class Renewal:
 
 @dataclass(frozen=True, slots=True)
 class RenewalResult:
-    """Whether the lease and the lock (if any) were still ours when the heartbeat extended them."""
+    """Whether the lease and the lock and slot (if any) were still ours when the heartbeat
+    extended them (``lock_ok`` is false if either the lock or the slot was lost), and who asked
+    to cancel the job, if anyone did (its run is then told to stop)."""
 
     lease_ok: bool
     lock_ok: bool
+    cancel_requested_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BeginRequest:
-    """What the pipeline needs before running a handler: a lock and/or an operation claim."""
+    """What the pipeline needs before running a handler: a lock, a concurrency slot (one of
+    ``concurrency_limit`` of ``concurrency_key``) and/or an operation claim. The lock and the
+    slot share the owner token and the length."""
 
     resource_key: str | None = None
     lock_owner: str = ""
     lock_ttl_s: float = 30.0
     operation_key: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +181,7 @@ class Begun:
     grant: LockGrant | None = None
     operation: Operation | None = None
     busy: BusyReason | None = None
+    slot: LockGrant | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,16 +211,21 @@ class HostAdmission:
 def begin_request(
     delivery: Delivery, rule: DeliveryRules | None, worker_id: str
 ) -> BeginRequest | None:
-    """What a fetched delivery must hold before its handler: its lock (an owner token of its
-    own, the rule's length) and its operation claim. ``None`` for a job that asks for neither,
-    and for one of a task the worker does not know (the pipeline buries it)."""
-    if rule is None or (delivery.resource_key is None and delivery.operation_key is None):
+    """What a fetched delivery must hold before its handler: its lock and its concurrency slot
+    (an owner token of its own, the rule's length) and its operation claim. ``None`` for a job
+    that asks for none of them, and for one of a task the worker does not know (the pipeline
+    buries it). The slot's limit is the one stored with the job."""
+    keys = (delivery.resource_key, delivery.operation_key, delivery.concurrency_key)
+    if rule is None or all(key is None for key in keys):
         return None
+    limited = delivery.concurrency_key is not None and delivery.concurrency_limit is not None
     return BeginRequest(
         resource_key=delivery.resource_key,
         lock_owner=f"{worker_id}/{secrets.token_hex(8)}",
         lock_ttl_s=rule.lock_ttl_s,  # the worker's definition, not the enqueuer's copy
         operation_key=delivery.operation_key,
+        concurrency_key=delivery.concurrency_key if limited else None,
+        concurrency_limit=delivery.concurrency_limit if limited else None,
     )
 
 
@@ -245,9 +262,10 @@ class QueuePort(Protocol):
         lock length of the worker's own task definitions; jobs of other tasks keep what was
         stored.
 
-        A delivery of a task in ``rules`` that has a resource or operation key is begun: its lock
-        (owner token: ``worker_id`` and a random part, length from its rule) and its operation
-        claim; ``busy`` results are kept (the lock or claim belongs to another live delivery).
+        A delivery of a task in ``rules`` that has a resource, concurrency or operation key is
+        begun: its lock and its slot (owner token: ``worker_id`` and a random part, length from
+        its rule) and its operation claim; ``busy`` results are kept (the lock, every slot or
+        the claim belongs to other live deliveries).
         Other deliveries come back with ``request`` and ``begun`` ``None``.
         """
 
@@ -273,14 +291,15 @@ class QueuePort(Protocol):
         """
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend leases (and their locks) that are still ours; report the ones that are not.
+        """Extend leases (and their locks and slots) that are still ours; report the ones that
+        are not, and the cancels asked of the jobs (:meth:`cancel`).
 
         Atomic per item; all items in one transaction where the store allows.
         """
 
     def settle(self, endings: Sequence[Ending]) -> list[JobGuardError | None]:
-        """Write how deliveries end (see :class:`Ending`): the job moved, the lock released,
-        the operation completed, failed or unclaimed, the attempt closed.
+        """Write how deliveries end (see :class:`Ending`): the job moved, the lock and slot
+        released, the operation completed, failed or unclaimed, the attempt closed.
 
         Atomic per ending: one refused (:class:`~jobguard.exceptions.LeaseLostError` for a stale
         lease, :class:`~jobguard.exceptions.StaleFenceError` for a stale fence, a lost claim), or
@@ -288,6 +307,16 @@ class QueuePort(Protocol):
         nothing and its error is returned in its place; the others are written. All in one
         transaction where the store allows, so a worker ends a batch of deliveries for the price
         of one durable commit. Refused endings and ``lost`` ones are never refused.
+        """
+
+    def cancel(self, job_id: int, actor: str, reason: str) -> Job | None:
+        """Cancel job ``job_id``, audited under ``actor``; the job as it is then.
+
+        Atomic: one transaction. A queued job (ready, or scheduled for later) is buried at
+        once (:attr:`DeadCode.CANCELLED`, ``reason``), so it never runs; a running one records
+        the request (when, by whom), which :meth:`renew` reports to its worker and which makes
+        a later fetch of the job end it without running it. ``None``, writing nothing, if no
+        job ``job_id`` is queued or running.
         """
 
     def get_job(self, job_id: int) -> Job:
@@ -366,15 +395,20 @@ class LockPort(Protocol):
     def lock_fence(self, resource: str) -> int:
         """The last fence issued for ``resource`` (0 if never locked)."""
 
+    def slot_grants(self, key: str) -> list[LockGrant]:
+        """Every slot of concurrency key ``key`` ever held, by slot number: its last owner and
+        expiry (``""`` and ``0.0`` once released) and its last fence."""
+
 
 class OperationPort(Protocol):
     """Durable operation records and memoised steps (G4)."""
 
     def begin(self, guard: Guard, request: BeginRequest) -> Begun:
-        """Acquire the resource lock and claim the operation record together.
+        """Acquire the resource lock, a concurrency slot and the operation claim together.
 
-        Atomic: one transaction. Either both hold, or neither is kept and ``busy`` says why (the
-        lock is held by a live owner, or another live delivery claims the operation). A completed
+        Atomic: one transaction. Either all that is asked for holds, or nothing is kept and
+        ``busy`` says why (the lock is held by a live owner, every slot of the key below the
+        limit is, or another live delivery claims the operation). A completed
         operation is returned without a claim; otherwise the record is created or claimed and
         returned with its stored steps. Refused for a stale lease, or for a stale fence when the
         guard already carries a lock.

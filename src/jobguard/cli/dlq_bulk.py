@@ -32,7 +32,7 @@ def selection_options(fn: F) -> F:
         click.option(
             "--reason",
             help="Only dead jobs buried for this dead code "
-            "(fatal, exhausted, poison, unrunnable, lost, waited).",
+            "(fatal, exhausted, poison, unrunnable, lost, waited, cancelled).",
         ),
         click.option("--since", help="Only jobs buried at or after this ISO 8601 time (UTC)."),
         click.option("--until", help="Only jobs buried before this ISO 8601 time (UTC)."),

@@ -66,6 +66,11 @@ def show(state: CliState, job_id: int, as_json: bool) -> None:
         f"operation key: {job.operation_key or '-'}",
         f"resource key:  {job.resource_key or '-'}",
         f"dedup key:     {job.dedup_key or '-'}",
+        *(
+            [f"concurrency:   {job.concurrency_key} (at most {job.concurrency_limit} at once)"]
+            if job.concurrency_key
+            else []
+        ),
         f"created:       {when(job.created_at)} UTC",
         f"buried:        {when(job.finished_at)} UTC",
         "payload:",

@@ -43,6 +43,7 @@ COMMANDS = {
     "enqueue": "jobguard.cli.jobs_cmd:enqueue",
     "jobs": "jobguard.cli.jobs_cmd:jobs",
     "attempts": "jobguard.cli.jobs_cmd:attempts",
+    "cancel": "jobguard.cli.cancel_cmd:cancel",
     "dlq": "jobguard.cli.dlq_cmd:dlq",
     "demo": "jobguard.cli.demo_cmd:demo",
     "doctor": "jobguard.cli.doctor_cmd:doctor",
@@ -59,6 +60,7 @@ COMMANDS = {
 # One-line help per command for ``jobguard --help``, so listing commands imports none of them.
 SHORT_HELP = {
     "attempts": "Show the attempt log of a job or an operation (G10.1).",
+    "cancel": "Cancel a queued, scheduled or running job.",
     "demo": "Run the order-fulfillment demo under injected faults.",
     "dlq": "Inspect, replay and purge the dead letter queue (G8).",
     "doctor": "Find overlaps, tight timeouts, retry spikes and missing traces (G10.2-G10.5).",

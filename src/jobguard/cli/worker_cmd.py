@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from jobguard.app import App
 from jobguard.cli.jobs_cmd import SECONDS
 from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
+from jobguard.core import checks
 from jobguard.hooks import HookChain, Hooks
 from jobguard.process import ignore_stop_signals
-from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH
+from jobguard.supervisor import MAX_PROCESSES, ProcessWorker
+from jobguard.worker import MAX_CONCURRENCY, MAX_PREFETCH, Worker
 
 
 def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> str | None:
@@ -35,6 +39,16 @@ def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> s
     return url
 
 
+def _threads_only(ctx: click.Context, *names: str) -> None:
+    """Options of thread mode given with --processes: say so (each slot runs one job)."""
+    for name in names:
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError(
+                f"--{name} sets handler threads; with --processes each slot is a process "
+                "running one job at a time"
+            )
+
+
 @click.command()
 @click.option(
     "--queues",
@@ -49,6 +63,21 @@ def _observe(app: App, metrics_port: int | None, host: str, log_json: bool) -> s
     show_default=True,
     type=click.IntRange(1, MAX_CONCURRENCY),
     help="Handler threads.",
+)
+@click.option(
+    "--processes",
+    "-p",
+    default=None,
+    type=click.IntRange(1, MAX_PROCESSES),
+    help="Run each slot as a child process, one job at a time (enforces hard time limits); "
+    "instead of --concurrency threads.",
+)
+@click.option(
+    "--time-limit-s",
+    default=None,
+    type=click.FloatRange(0, checks.MAX_DURATION_S, min_open=True),
+    help="Hard limit of a run whose job has none: the slot running longer is killed and "
+    "replaced, the attempt timed out (needs --processes).",
 )
 @click.option(
     "--prefetch",
@@ -94,6 +123,8 @@ def worker(
     state: CliState,
     queues: str,
     concurrency: int,
+    processes: int | None,
+    time_limit_s: float | None,
     prefetch: int | None,
     grace_s: float,
     burst: bool,
@@ -108,15 +139,24 @@ def worker(
     app = state.app_with_tasks()
     names = [q.strip() for q in queues.split(",") if q.strip()] or None
     metrics_url = _observe(app, metrics_port, metrics_host, log_json)
-    runner = app.worker(
-        names,
-        concurrency=concurrency,
-        prefetch=prefetch,
-        grace_s=grace_s,
-        worker_id=worker_id,
-        retention_s=retention_s,
-        schedule=schedule,
-    )
+    # What both modes take: a slot of a process worker is a worker of one handler thread.
+    shared: dict[str, Any] = {
+        "grace_s": grace_s,
+        "worker_id": worker_id,
+        "retention_s": retention_s,
+        "schedule": schedule,
+    }
+    runner: Worker | ProcessWorker
+    if processes is None:
+        if time_limit_s is not None:
+            raise click.UsageError(
+                "--time-limit-s is a hard limit, which needs --processes: a thread cannot be "
+                "stopped from outside"
+            )
+        runner = app.worker(names, concurrency=concurrency, prefetch=prefetch, **shared)
+    else:
+        _threads_only(click.get_current_context(), "concurrency", "prefetch")
+        runner = app.process_worker(names, processes=processes, time_limit_s=time_limit_s, **shared)
     # For the rest of the process's life: Worker.run installs its own handlers only while it
     # runs, and a signal before (while the store opens) or after (while the process exits)
     # would otherwise kill the process mid-way.

@@ -23,6 +23,8 @@ MAX_PRIORITY = 2**31 - 1
 MAX_COUNT = 2**31 - 1
 # Largest job or attempt id a command may name (a 64-bit signed integer column).
 MAX_ID = 2**63 - 1
+# Most slots one concurrency key may have: a begin looks at each of a key's slots.
+MAX_CONCURRENCY = 1000
 
 
 def _number(name: str, value: Any) -> float:
@@ -74,6 +76,11 @@ def priority(name: str, value: Any) -> int:
 def count(name: str, value: Any, low: int = 1) -> int:
     """A count of things (attempts, jobs, bytes) from ``low`` up to ``2**31 - 1``."""
     return integer(name, value, low, MAX_COUNT)
+
+
+def concurrency_limit(name: str, value: Any) -> int:
+    """How many runs of one concurrency key may hold a slot at once: 1 to 1000."""
+    return integer(name, value, 1, MAX_CONCURRENCY)
 
 
 def job_id(value: Any) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from jobguard.exceptions import LeaseLostError, StaleFenceError
-from jobguard.models import BusyReason, DeadCode
+from jobguard.models import BusyReason, DeadCode, Delivery, LockGrant
 
 
 def never_reported_back(attempts: int, max_attempts: int) -> str:
@@ -52,11 +52,26 @@ def dead_reason(code: str | None, text: str | None, attempts: int, max_attempts:
     return code
 
 
-def busy(reason: BusyReason, resource_key: str | None, operation_key: str | None) -> str:
-    """Why a delivery must wait: the resource lock or the operation claim is held."""
+def busy(
+    reason: BusyReason,
+    resource_key: str | None,
+    operation_key: str | None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+) -> str:
+    """Why a delivery must wait: the resource lock, every slot or the operation claim is held."""
     if reason is BusyReason.LOCK:
         return f"resource is busy: {resource_key}"
+    if reason is BusyReason.SLOT:
+        return f"concurrency limit reached: {concurrency_limit} running for {concurrency_key}"
     return f"operation {operation_key!r} is in progress"
+
+
+def held_name(grant: LockGrant) -> str:
+    """How a refusal names what a grant held: its resource, or its key and slot number."""
+    if grant.slot is None:
+        return grant.resource
+    return f"{grant.resource} (concurrency slot {grant.slot})"
 
 
 def stale_lease(job_id: int, lease_token: str, what: str = "write") -> LeaseLostError:
@@ -87,4 +102,32 @@ def lease_overdue(elapsed_s: float, period_s: float) -> str:
     return (
         f"lease not renewed for {elapsed_s:.1f}s, its whole length of {period_s:g}s (store "
         "unreachable or not answering): it may have expired and gone to another worker"
+    )
+
+
+def hard_limit_passed(job_id: int, running_s: float, limit_s: float | None) -> str:
+    """Why a run was killed: it passed its hard time limit (process mode)."""
+    limit = f"{limit_s:g}s (time_limit_s)" if limit_s is not None else "its hard time limit"
+    return (
+        f"job {job_id} ran {running_s:.1f}s, past its hard time limit of {limit}: its worker "
+        "process was killed (SIGKILL) and replaced"
+    )
+
+
+def cancelled(job_id: int, actor: str) -> str:
+    """Why a job an operator cancelled is in the dead letter queue (and its attempt ended)."""
+    return f"job {job_id} was cancelled by {actor}"
+
+
+def cancel_refused(job_id: int, status: str) -> str:
+    """Why a cancel changed nothing: the job is already over."""
+    return f"job {job_id} is {status}: only a queued, scheduled or running job can be cancelled"
+
+
+def needs_hard_limits(delivery: Delivery) -> str:
+    """Why a thread-mode worker leaves a job with a hard time limit for another worker."""
+    return (
+        f"job {delivery.job_id} has a hard time limit (time_limit_s={delivery.time_limit_s:g}), "
+        "which only a process-mode worker (jobguard worker --processes N) enforces; a "
+        "thread-mode worker does not run it"
     )

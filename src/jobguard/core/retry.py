@@ -39,6 +39,7 @@ from jobguard.exceptions import (
     HandlerDecision,
     Retry,
     StoreUnavailableError,
+    TimeLimitExceeded,
 )
 from jobguard.models import DeadCode
 
@@ -140,8 +141,9 @@ def is_fatal(exc: BaseException, policy: RetryPolicy) -> bool:
     if isinstance(exc, Fatal | ConfigurationError):
         # A mistake in the task itself: every rerun would repeat it.
         return True
-    # Fatal was handled above: any other decision (Retry) asks for a retry, whatever the policy.
-    if isinstance(exc, HandlerDecision | GuardLost):
+    # Fatal was handled above: any other decision (Retry) asks for a retry, whatever the policy;
+    # a run past its soft time limit is a transient failure (its steps are kept).
+    if isinstance(exc, HandlerDecision | GuardLost | TimeLimitExceeded):
         return False
     if policy.fatal and isinstance(exc, policy.fatal):
         return True

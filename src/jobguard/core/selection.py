@@ -67,7 +67,8 @@ class DeadFilter:
         Args:
             task: Task name.
             queue: Queue name.
-            reason: Dead code, one of ``fatal, exhausted, poison, unrunnable, lost, waited``.
+            reason: Dead code, one of ``fatal, exhausted, poison, unrunnable, lost, waited,
+                cancelled``.
             since: ISO 8601 time (``2026-12-01T21:00:00Z``; no offset means UTC).
             until: ISO 8601 time, as ``since``.
 

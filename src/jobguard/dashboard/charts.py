@@ -12,18 +12,17 @@ from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-from jobguard.models import Attempt, Outcome, OutcomeCount
+from jobguard.models import UNSUCCESSFUL_OUTCOMES, Attempt, Outcome, OutcomeCount
 
 WIDTH = 720
 GOOD = frozenset({Outcome.COMPLETED, Outcome.ALREADY_PROCESSED})
-BAD = frozenset(
-    {Outcome.RETRY, Outcome.DEAD, Outcome.LOST, Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED}
-)
+BAD = UNSUCCESSFUL_OUTCOMES
 COLOURS = {
     Outcome.COMPLETED: "#2e7d32",
     Outcome.ALREADY_PROCESSED: "#66bb6a",
     Outcome.RUNNING: "#1565c0",
     Outcome.RETRY: "#f9a825",
+    Outcome.TIMED_OUT: "#ef6c00",
     Outcome.DEFERRED: "#9e9e9e",
     Outcome.RELEASED: "#bdbdbd",
     Outcome.DEAD: "#c62828",

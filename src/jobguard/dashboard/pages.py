@@ -101,6 +101,10 @@ def _pretty(payload: str) -> str:
         return payload
 
 
+# What the job page says after an action: replayed, due now, cancelled, or told to stop.
+JOB_NOTICES = ("replayed", "retried", "cancelled", "cancel-requested")
+
+
 def job(app: App, job_id_text: str, query: Params) -> Page:
     """One job: its fields, arguments, operation record and attempt timeline."""
     params.check_known(query, {"notice"})
@@ -120,9 +124,10 @@ def job(app: App, job_id_text: str, query: Params) -> Page:
         "operation": operation,
         "timeline": charts.timeline(attempts, now),
         "dead": found.status == JobStatus.DEAD,
+        "live": found.status in (JobStatus.QUEUED, JobStatus.RUNNING),
         # Queued with its run time ahead: a retry's backoff, a delay or a busy lock.
         "waiting": found.status == JobStatus.QUEUED and found.run_at > now,
-        "notice": notice if notice in ("replayed", "retried") else None,
+        "notice": notice if notice in JOB_NOTICES else None,
         "seconds": charts.seconds,
     }
 

@@ -35,6 +35,7 @@ from jobguard.exceptions import (
     NotFoundError,
     StoreUnavailableError,
 )
+from jobguard.models import JobStatus
 
 log = logging.getLogger("jobguard.dashboard")
 
@@ -196,6 +197,13 @@ class Dashboard:
         await run_in_threadpool(self.app.dlq.replay, job_id, actor=self.actor(request))
         return RedirectResponse(f"/jobs/{job_id}?notice=replayed", status_code=303)
 
+    async def cancel(self, request: Request) -> Response:
+        """POST ``/jobs/{id}/cancel``: the job page's button, audited (#17)."""
+        job_id = params.job_id(request.path_params["job_id"])
+        job = await run_in_threadpool(self.app.cancel, job_id, actor=self.actor(request))
+        notice = "cancelled" if job.status == JobStatus.DEAD else "cancel-requested"
+        return RedirectResponse(f"/jobs/{job_id}?notice={notice}", status_code=303)
+
     async def retry_now(self, request: Request) -> Response:
         """POST ``/jobs/{id}/retry-now``: a job waiting on its backoff is due now, audited."""
         job_id = params.job_id(request.path_params["job_id"])
@@ -326,6 +334,7 @@ class Dashboard:
                 self.guarded(self.bulk, post=True),
                 methods=["POST"],
             ),
+            Route("/jobs/{job_id}/cancel", self.guarded(self.cancel, post=True), methods=["POST"]),
             Route("/dlq/{job_id}/replay", self.guarded(self.replay, post=True), methods=["POST"]),
             Route("/dlq/{job_id}/purge", self.guarded(self.purge, post=True), methods=["POST"]),
             Route(

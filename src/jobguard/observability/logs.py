@@ -21,7 +21,15 @@ from jobguard.models import Delivery, Outcome
 
 LOGGER_NAME = "jobguard.attempts"
 # Outcomes that deserve an operator's eye get WARNING; the rest are routine (INFO).
-_WARN = frozenset({Outcome.DEAD, Outcome.LOST, Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED})
+_WARN = frozenset(
+    {
+        Outcome.TIMED_OUT,
+        Outcome.DEAD,
+        Outcome.LOST,
+        Outcome.LEASE_REFUSED,
+        Outcome.FENCE_REFUSED,
+    }
+)
 
 
 def _delivery_fields(delivery: Delivery) -> dict[str, Any]:

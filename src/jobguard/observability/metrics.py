@@ -48,7 +48,14 @@ DURATION_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
 RAN_HANDLER = frozenset(
-    {Outcome.COMPLETED, Outcome.RETRY, Outcome.DEAD, Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED}
+    {
+        Outcome.COMPLETED,
+        Outcome.RETRY,
+        Outcome.TIMED_OUT,
+        Outcome.DEAD,
+        Outcome.LEASE_REFUSED,
+        Outcome.FENCE_REFUSED,
+    }
 )
 _RENEWAL_FAILURES = ("lease_lost", "lock_lost", "store_error")
 STORE_ERROR_PLACES = (

@@ -27,15 +27,13 @@ from opentelemetry.context import Context as OtelContext
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from jobguard.hooks import AttemptEvent, Hooks
-from jobguard.models import Delivery, Job, JobSpec, Outcome
+from jobguard.models import UNSUCCESSFUL_OUTCOMES, Delivery, Job, JobSpec
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
 # Outcomes whose span is marked as an error: the delivery did not do its work.
-_FAILED = frozenset(
-    {Outcome.RETRY, Outcome.DEAD, Outcome.LOST, Outcome.LEASE_REFUSED, Outcome.FENCE_REFUSED}
-)
+_FAILED = UNSUCCESSFUL_OUTCOMES
 MAX_OPEN_SPANS = 100_000  # deliveries whose finish is pending; a bound against a leak
 
 

@@ -30,10 +30,12 @@ UPDATE {schema}.jobs SET dedup_hits = dedup_hits + 1 WHERE id = %(id)s;
 -- name: insert_job
 INSERT INTO {schema}.jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
-                  dedup_window_s, headers, created_at)
+                  dedup_window_s, headers, soft_time_limit_s, time_limit_s, concurrency_key,
+                  concurrency_limit, created_at)
 VALUES (%(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, %(run_at)s, %(run_at)s, %(max_attempts)s,
         %(visibility_timeout_s)s, %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s,
-        %(dedup_window_s)s, %(headers)s, %(now)s)
+        %(dedup_window_s)s, %(headers)s, %(soft_time_limit_s)s, %(time_limit_s)s, %(concurrency_key)s,
+        %(concurrency_limit)s, %(now)s)
 RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
 -- name: ready_jobs
@@ -87,14 +89,17 @@ JOIN {schema}.jobs AS j ON j.id = item.job_id
 RETURNING id, job_id;
 
 -- name: extend_lease
+-- Also says whether an operator asked to cancel the job (its worker then tells the run).
 UPDATE {schema}.jobs SET available_at = %(now)s + %(visibility_timeout_s)s
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running';
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING cancel_requested_by;
 
 -- name: settle_jobs
--- How deliveries end, many at once (%(items)s: job_id, lease_token, resource, fence, key,
--- status, delay_s, uncharge, deferral, set_error, last_error, set_signature, error_signature,
--- same_error_count, code, reason), each only with every proof in place: the lease, and for a
--- success the newest fence of its lock (resource, fence) and the operation's claim (key).
+-- How deliveries end, many at once (%(items)s: job_id, lease_token, resource, fence, slot_key,
+-- slot, slot_fence, key, status, delay_s, uncharge, deferral, set_error, last_error,
+-- set_signature, error_signature, same_error_count, code, reason), each only with every proof in
+-- place: the lease, and for a success the newest fence of its lock (resource, fence) and of its
+-- concurrency slot (slot_key, slot, slot_fence) and the operation's claim (key).
 -- status 'completed' finishes the job, 'dead' buries it, 'queued' requeues it after delay_s
 -- (NULL: now, keeping its run_at); uncharge hands the attempt back. Returns the ids it moved.
 UPDATE {schema}.jobs AS j
@@ -114,7 +119,8 @@ SET status = item.status,
     dead_code = CASE WHEN item.status = 'dead' THEN item.code ELSE j.dead_code END,
     dead_reason = CASE WHEN item.status = 'dead' THEN item.reason ELSE j.dead_reason END
 FROM jsonb_to_recordset(%(items)s::jsonb)
-     AS item(job_id bigint, lease_token text, resource text, fence bigint, key text, status text,
+     AS item(job_id bigint, lease_token text, resource text, fence bigint, slot_key text,
+             slot integer, slot_fence bigint, key text, status text,
              delay_s float8, uncharge integer, deferral integer, set_error boolean,
              last_error text, set_signature boolean, error_signature text,
              same_error_count integer, code text, reason text)
@@ -122,6 +128,10 @@ WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'ru
   AND (item.resource IS NULL
        OR NOT EXISTS (SELECT 1 FROM {schema}.locks AS l
                       WHERE l.resource = item.resource AND l.fence > item.fence))
+  AND (item.slot_key IS NULL
+       OR NOT EXISTS (SELECT 1 FROM {schema}.slots AS s
+                      WHERE s.key = item.slot_key AND s.slot = item.slot
+                        AND s.fence > item.slot_fence))
   AND (item.key IS NULL
        OR EXISTS (SELECT 1 FROM {schema}.operations AS o
                   WHERE o.key = item.key AND o.owner_lease = item.lease_token))
@@ -174,6 +184,20 @@ UPDATE {schema}.locks AS l SET owner = NULL, expires_at = NULL
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text)
 WHERE l.resource = item.resource AND l.owner = item.owner;
 
+-- name: cancel_job
+-- A cancel (#17): a queued job is buried as cancelled (code, reason); a running one only
+-- records the request, which its worker reads with each renewal. The first request is kept.
+UPDATE {schema}.jobs
+SET status = CASE WHEN status = 'queued' THEN 'dead' ELSE status END,
+    available_at = CASE WHEN status = 'queued' THEN NULL ELSE available_at END,
+    finished_at = CASE WHEN status = 'queued' THEN %(now)s ELSE finished_at END,
+    dead_code = CASE WHEN status = 'queued' THEN %(code)s ELSE dead_code END,
+    dead_reason = CASE WHEN status = 'queued' THEN %(reason)s ELSE dead_reason END,
+    cancel_requested_at = coalesce(cancel_requested_at, %(now)s),
+    cancel_requested_by = coalesce(cancel_requested_by, %(actor)s)
+WHERE id = %(job_id)s AND status IN ('queued', 'running')
+RETURNING *;
+
 -- name: dead_jobs
 SELECT * FROM {schema}.jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;
 
@@ -189,7 +213,7 @@ RETURNING *;
 UPDATE {schema}.jobs
 SET status = 'queued', available_at = %(now)s, run_at = %(now)s, attempts = 0, deferrals = 0,
     same_error_count = 0, error_signature = NULL, dead_code = NULL, dead_reason = NULL,
-    finished_at = NULL
+    finished_at = NULL, cancel_requested_at = NULL, cancel_requested_by = NULL
 WHERE id = %(job_id)s AND status = 'dead'
 RETURNING *;
 
@@ -226,6 +250,46 @@ ON CONFLICT (resource) DO UPDATE
 SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
 WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
 RETURNING resource, fence;
+
+-- name: grant_slots
+-- Concurrency slots for many deliveries (%(items)s: key, lim, owner, expires_at, nth): each gets
+-- the nth (from 0) free slot of its key among slots 0..lim-1 (free: never held, released or
+-- expired), nth distinct per key, in key and slot order (as grant_locks) so that two workers
+-- granting slots of one key do not deadlock. A slot taken by another transaction since this one
+-- looked is not granted (ON CONFLICT sees the committed row). Returns the granted ones (key,
+-- slot, owner, fence): an item whose nth free slot is not below its limit gets none.
+WITH item AS (
+         SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
+             AS x(key text, lim integer, owner text, expires_at float8, nth integer)),
+     wanted AS (SELECT key, max(lim) AS lim FROM item GROUP BY key),
+     free AS (
+         SELECT w.key, n.slot, row_number() OVER (PARTITION BY w.key ORDER BY n.slot) - 1 AS nth
+         FROM wanted AS w CROSS JOIN LATERAL generate_series(0, w.lim - 1) AS n(slot)
+              LEFT JOIN {schema}.slots AS s ON s.key = w.key AND s.slot = n.slot
+         WHERE s.key IS NULL OR s.owner IS NULL OR s.expires_at <= %(now)s)
+INSERT INTO {schema}.slots (key, slot, owner, fence, expires_at)
+SELECT free.key, free.slot, item.owner, 1, item.expires_at
+FROM item JOIN free ON free.key = item.key AND free.nth = item.nth
+WHERE free.slot < item.lim
+ORDER BY free.key COLLATE "C", free.slot
+ON CONFLICT (key, slot) DO UPDATE
+SET owner = excluded.owner, fence = slots.fence + 1, expires_at = excluded.expires_at
+WHERE slots.owner IS NULL OR slots.expires_at <= %(now)s
+RETURNING key, slot, owner, fence;
+
+-- name: renew_slot
+UPDATE {schema}.slots SET expires_at = %(expires_at)s
+WHERE key = %(key)s AND slot = %(slot)s AND owner = %(owner)s;
+
+-- name: release_slots
+-- The slots of ended deliveries freed, where each owner still holds its slot (%(items)s: key,
+-- slot, owner); the fence counter is kept.
+UPDATE {schema}.slots AS s SET owner = NULL, expires_at = NULL
+FROM jsonb_to_recordset(%(items)s::jsonb) AS item(key text, slot integer, owner text)
+WHERE s.key = item.key AND s.slot = item.slot AND s.owner = item.owner;
+
+-- name: slot_rows
+SELECT key, slot, owner, fence, expires_at FROM {schema}.slots WHERE key = %(key)s ORDER BY slot;
 
 -- name: attempt_locks
 -- attempt_lock for many (%(items)s: attempt_id, lock_owner, fence).
@@ -287,12 +351,14 @@ WHERE lease_token = %(owner_lease)s AND status = 'running' AND available_at > %(
 
 -- name: guard_state
 -- Everything a guarded write must prove, in one round trip: lease current, newest fence issued
--- for the resource, whether this lease holds the operation's claim, and (for a db_step) the
--- step's stored result if it already ran.
+-- for the resource and for the concurrency slot, whether this lease holds the operation's claim,
+-- and (for a db_step) the step's stored result if it already ran.
 SELECT
     (SELECT 1 FROM {schema}.jobs
      WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running') AS lease_ok,
     (SELECT fence FROM {schema}.locks WHERE resource = %(resource)s::text) AS fence,
+    (SELECT fence FROM {schema}.slots
+     WHERE key = %(slot_key)s::text AND slot = %(slot)s::integer) AS slot_fence,
     (SELECT 1 FROM {schema}.operations
      WHERE key = %(key)s::text AND owner_lease = %(lease_token)s) AS claim_ok,
     (SELECT result FROM {schema}.steps

@@ -32,7 +32,16 @@ CREATE TABLE jobs (
     dead_reason          text,
     headers              text,
     created_at           double precision NOT NULL,
-    finished_at          double precision
+    finished_at          double precision,
+    -- Soft and hard run-time limits in seconds (NULL: none), stored at enqueue.
+    soft_time_limit_s    double precision,
+    time_limit_s         double precision,
+    -- A cancel asked of a running job: when and by whom (read with each renewal).
+    cancel_requested_at  double precision,
+    cancel_requested_by  text,
+    -- A concurrency limit: the job runs only while holding one of the key's N slots.
+    concurrency_key      text,
+    concurrency_limit    integer
 );
 
 -- The fetch scan: only live jobs are indexed, so finished rows cost the scan nothing however
@@ -79,6 +88,17 @@ CREATE TABLE locks (
     owner       text,
     fence       bigint NOT NULL,
     expires_at  double precision
+);
+
+-- One row per concurrency slot ever held (key, slot 0..N-1): a lock of its own, whose fence
+-- counter survives release so it never repeats.
+CREATE TABLE slots (
+    key         text    NOT NULL,
+    slot        integer NOT NULL,
+    owner       text,
+    fence       bigint  NOT NULL,
+    expires_at  double precision,
+    PRIMARY KEY (key, slot)
 );
 
 CREATE TABLE operations (

@@ -1,9 +1,9 @@
 """Settling: how deliveries end, written as a set (one statement per table touched).
 
 Every ending (a success, a retry, a deferral, a burial, a release, a refusal) is one item of
-one batch: the jobs are moved where every proof holds, then their locks released, operations
-completed or unclaimed, and attempts closed (or, for a refusal, marked). Decisions arrive made;
-this module only writes them and says which items it could not.
+one batch: the jobs are moved where every proof holds, then their locks and slots released,
+operations completed or unclaimed, and attempts closed (or, for a refusal, marked). Decisions
+arrive made; this module only writes them and says which items it could not.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from jobguard.backends.base import REFUSED_OUTCOMES, SUCCESS_OUTCOMES, Ending
 from jobguard.backends.sql.driver import Driver, Tx
-from jobguard.backends.sql.proofs import fence_of, release_locks, verify
+from jobguard.backends.sql.proofs import fence_of, release_locks, slot_proof, verify
 from jobguard.core import messages
 from jobguard.exceptions import GuardLost, JobGuardError, StoreUnavailableError
 from jobguard.models import OperationStatus, Outcome
@@ -30,6 +30,7 @@ _JOB_MOVES: dict[Outcome, tuple[str, int, int]] = {
     Outcome.COMPLETED: ("completed", 0, 0),
     Outcome.ALREADY_PROCESSED: ("completed", 0, 0),
     Outcome.RETRY: ("queued", 0, 0),
+    Outcome.TIMED_OUT: ("queued", 0, 0),  # or buried, when the ending carries a dead code
     Outcome.DEFERRED: ("queued", 1, 1),
     Outcome.FENCE_REFUSED: ("queued", 1, 1),  # handed back if the lease is still current
     Outcome.DEAD: ("dead", 0, 0),
@@ -50,13 +51,16 @@ def _last_error(ending: Ending) -> str | None:
 def _job_item(ending: Ending) -> dict[str, Any]:
     guard, error, outcome = ending.guard, ending.error, ending.outcome
     status, uncharge, deferral = _JOB_MOVES[outcome]
+    if outcome == Outcome.TIMED_OUT and ending.code is not None:
+        status = "dead"
     proves = outcome in SUCCESS_OUTCOMES  # moving the job back needs only the lease
-    failed = outcome in (Outcome.RETRY, Outcome.DEAD)
+    failed = outcome in (Outcome.RETRY, Outcome.DEAD, Outcome.TIMED_OUT)
     return {
         "job_id": guard.job_id,
         "lease_token": guard.lease_token,
         "resource": guard.lock.resource if proves and guard.lock else None,
         "fence": fence_of(guard) if proves else None,
+        **slot_proof(guard if proves else replace(guard, slot=None)),
         "key": _claim_of(ending),
         "status": status,
         "delay_s": None if outcome == Outcome.RELEASED or status != "queued" else ending.delay_s,
@@ -76,9 +80,10 @@ def _operation_item(ending: Ending) -> dict[str, Any] | None:
     """How a moved ending drops its operation's claim (a success completes it instead)."""
     if ending.operation_key is None:
         return None
-    if ending.outcome == Outcome.RETRY:
+    buried = ending.outcome == Outcome.TIMED_OUT and ending.code is not None
+    if ending.outcome in (Outcome.RETRY, Outcome.TIMED_OUT) and not buried:
         status, last_error = OperationStatus.PROCESSING, _last_error(ending)
-    elif ending.outcome == Outcome.DEAD:
+    elif ending.outcome == Outcome.DEAD or buried:
         status, last_error = OperationStatus.FAILED, ending.reason or _last_error(ending)
     elif ending.outcome == Outcome.RELEASED:
         status, last_error = OperationStatus.PROCESSING, None
@@ -230,7 +235,7 @@ def _refusal(tx: Tx, ending: Ending) -> GuardLost:
     """Why an ending moved no job: which of its proofs failed."""
     guard = ending.guard
     if ending.outcome not in SUCCESS_OUTCOMES:
-        guard = replace(guard, lock=None)  # moving a job back proves only its lease
+        guard = replace(guard, lock=None, slot=None)  # moving a job back proves only its lease
     try:
         verify(tx, guard, _claim_of(ending))
     except GuardLost as exc:

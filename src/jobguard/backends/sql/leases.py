@@ -55,6 +55,10 @@ def insert_job(tx: Tx, spec: JobSpec, now: float) -> Job:
             "dedup_key": spec.dedup_key,
             "dedup_window_s": spec.dedup_window_s,
             "headers": spec.headers,
+            "soft_time_limit_s": spec.soft_time_limit_s,
+            "time_limit_s": spec.time_limit_s,
+            "concurrency_key": spec.concurrency_key,
+            "concurrency_limit": spec.concurrency_limit,
             "now": now,
         },
     )
@@ -253,26 +257,25 @@ class Leases:
         return self.driver.write(op)
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend every lease and lock still ours, in one transaction."""
+        """Extend every lease, lock and slot still ours, in one transaction."""
 
         def op(tx: Tx) -> list[RenewalResult]:
             now = tx.now()
             results: list[RenewalResult] = []
             for item in renewals:
-                lease_ok = (
-                    tx.run(
-                        "extend_lease",
-                        {
-                            "job_id": item.guard.job_id,
-                            "lease_token": item.guard.lease_token,
-                            "visibility_timeout_s": item.visibility_timeout_s,
-                            "now": now,
-                        },
-                    )
-                    == 1
+                extended = tx.one(
+                    "extend_lease",
+                    {
+                        "job_id": item.guard.job_id,
+                        "lease_token": item.guard.lease_token,
+                        "visibility_timeout_s": item.visibility_timeout_s,
+                        "now": now,
+                    },
                 )
+                lease_ok = extended is not None
+                cancel_by = extended["cancel_requested_by"] if extended is not None else None
                 lock_ok = True
-                lock = item.guard.lock
+                lock, slot = item.guard.lock, item.guard.slot
                 if lock is not None and item.lock_ttl_s is not None:
                     params = {
                         "resource": lock.resource,
@@ -280,7 +283,15 @@ class Leases:
                         "expires_at": now + item.lock_ttl_s,
                     }
                     lock_ok = tx.run("renew_lock", params) == 1
-                results.append(RenewalResult(lease_ok=lease_ok, lock_ok=lock_ok))
+                if slot is not None and item.lock_ttl_s is not None:
+                    params = {
+                        "key": slot.resource,
+                        "slot": slot.slot,
+                        "owner": slot.owner,
+                        "expires_at": now + item.lock_ttl_s,
+                    }
+                    lock_ok = tx.run("renew_slot", params) == 1 and lock_ok
+                results.append(RenewalResult(lease_ok, lock_ok, cancel_by))
             return results
 
         return self.driver.write(op)

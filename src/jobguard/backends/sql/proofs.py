@@ -1,9 +1,11 @@
-"""The guard's proofs on one SQL database: resource locks with fences, operation claims, steps.
+"""The guard's proofs on one SQL database: resource locks and concurrency slots with fences,
+operation claims, steps.
 
-What a delivery must hold before its handler runs (a lock and an operation claim, taken
+What a delivery must hold before its handler runs (a lock, a slot and an operation claim, taken
 together by :meth:`Proofs.begin`, alone or for a fetched batch at once), and what a write of its
-effects must show before it lands (:func:`verify`: the lease, the newest fence, the claim, in
-one round trip).
+effects must show before it lands (:func:`verify`: the lease, the newest fences, the claim, in
+one round trip). A slot is a lock among N of one key: granted, renewed, released and fenced the
+same way, by the same steps.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from jobguard.backends.base import BeginRequest, Begun
 from jobguard.backends.sql import rows
 from jobguard.backends.sql.driver import Driver, Row, Tx, UserCodeError
-from jobguard.core import messages
+from jobguard.core import checks, messages
 from jobguard.exceptions import StoreUnavailableError
 from jobguard.models import BusyReason, Guard, LockGrant, Operation, OperationStatus
 
@@ -31,16 +33,29 @@ def fence_of(guard: Guard) -> int | None:
     return guard.lock.fence if guard.lock else None
 
 
+def slot_proof(guard: Guard) -> dict[str, Any]:
+    """What proves ``guard``'s concurrency slot (all ``None`` without one)."""
+    slot = guard.slot
+    return {
+        "slot_key": slot.resource if slot else None,
+        "slot": slot.slot if slot else None,
+        "slot_fence": slot.fence if slot else None,
+    }
+
+
 def verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None) -> Row:
-    """Refuse a write whose lease is stale, whose fence is old, or (with ``claim_key``) whose
-    delivery no longer holds the operation's claim. Returns the state read, with the stored
-    result of ``step`` (if given and already recorded) in ``step_result``."""
+    """Refuse a write whose lease is stale, whose lock's or slot's fence is old, or (with
+    ``claim_key``) whose delivery no longer holds the operation's claim. Returns the state read,
+    with the stored result of ``step`` (if given and already recorded) in ``step_result``."""
+    proof = slot_proof(guard)
     state = tx.one(
         "guard_state",
         {
             "job_id": guard.job_id,
             "lease_token": guard.lease_token,
             "resource": guard.lock.resource if guard.lock else None,
+            "slot_key": proof["slot_key"],
+            "slot": proof["slot"],
             "key": claim_key,
             "step": step,
         },
@@ -48,22 +63,91 @@ def verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None)
     assert state is not None  # a SELECT of sub-queries always returns its one row
     if state["lease_ok"] is None:
         raise messages.stale_lease(guard.job_id, guard.lease_token)
-    newest = state["fence"]
-    if guard.lock is not None and newest is not None and newest > guard.lock.fence:
-        raise messages.stale_fence(guard.lock.resource, guard.lock.fence, newest)
+    for grant, newest in ((guard.lock, state["fence"]), (guard.slot, state["slot_fence"])):
+        if grant is not None and newest is not None and newest > grant.fence:
+            raise messages.stale_fence(messages.held_name(grant), grant.fence, newest)
     if claim_key is not None and state["claim_ok"] is None:
         raise messages.claim_lost(claim_key)
     return state
 
 
 def release_locks(tx: Tx, guards: Sequence[Guard]) -> int:
-    """Free the locks these guards hold, where each owner still holds its lock."""
-    items = [
+    """Free the locks and the slots these guards hold, where each owner still holds them (lock
+    rows first, then slot rows: the order a begin takes them in)."""
+    locks = [
         {"resource": guard.lock.resource, "owner": guard.lock.owner}
         for guard in guards
         if guard.lock is not None
     ]
-    return tx.run("release_locks", {"items": items}) if items else 0
+    slots = [
+        {"key": guard.slot.resource, "slot": guard.slot.slot, "owner": guard.slot.owner}
+        for guard in guards
+        if guard.slot is not None
+    ]
+    freed = tx.run("release_locks", {"items": locks}) if locks else 0
+    return freed + (tx.run("release_slots", {"items": slots}) if slots else 0)
+
+
+def _give_back(tx: Tx, guards: Sequence[Guard], *, marked: bool) -> None:
+    """Deliveries that cannot begin after all: what they were granted in this begin is freed,
+    and their attempt rows, if already ``marked`` with the lock, do not name a lock they gave
+    straight back (a fetch writes its attempt rows after the begin)."""
+    if not guards:
+        return
+    release_locks(tx, guards)
+    if not marked:
+        return
+    unmark = [
+        {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
+        for guard in guards
+        if guard.lock is not None
+    ]
+    if unmark:
+        tx.run("attempt_locks", {"items": unmark})
+
+
+def grant_slots(
+    tx: Tx, guards: list[Guard], wanted: Mapping[int, BeginRequest], now: float
+) -> set[int]:
+    """One slot for each of ``wanted`` (by index into ``guards``) that asks for one, all in one
+    statement; fills ``guards`` with the grants. Returns the indices left without a slot."""
+    asking = [
+        index
+        for index, request in wanted.items()
+        if request.concurrency_key is not None and request.concurrency_limit is not None
+    ]
+    if not asking:
+        return set()
+    seen: dict[str, int] = {}
+    items = []
+    for index in asking:
+        request = wanted[index]
+        key = request.concurrency_key
+        assert key is not None
+        nth = seen[key] = seen.get(key, -1) + 1  # the nth free slot: distinct within a key
+        items.append(
+            {
+                "key": key,
+                # A row written by another tool may hold any number: the begin looks at no
+                # more slots than a limit may have.
+                "lim": min(request.concurrency_limit or 0, checks.MAX_CONCURRENCY),
+                "owner": request.lock_owner,
+                "expires_at": now + request.lock_ttl_s,
+                "nth": nth,
+            }
+        )
+    granted = {row["owner"]: row for row in tx.all("grant_slots", {"items": items, "now": now})}
+    missing = set()
+    for index in asking:
+        request = wanted[index]
+        row = granted.get(request.lock_owner)
+        if row is None:
+            missing.add(index)
+            continue
+        expires_at = now + request.lock_ttl_s
+        grant = LockGrant(row["key"], row["owner"], row["fence"], expires_at, slot=row["slot"])
+        guards[index] = replace(guards[index], slot=grant)
+    return missing
 
 
 class Proofs:
@@ -88,6 +172,14 @@ class Proofs:
         holds then."""
         wanted = {index: request for index in order if (request := requests[index]) is not None}
         self._grant_set(tx, guards, wanted, begun, now)
+        # Slots of one key are shared within a batch (one statement hands out distinct ones).
+        # A delivery that then finds its operation busy gives its slot back; one of its batch
+        # refused that slot meanwhile is deferred and takes it on its next fetch.
+        free = {index: request for index, request in wanted.items() if begun[index] is None}
+        slotless = sorted(grant_slots(tx, guards, free, now))
+        _give_back(tx, [guards[index] for index in slotless], marked=False)  # locks just taken
+        for index in slotless:
+            begun[index] = Begun(busy=BusyReason.SLOT)
         claiming = {
             request.operation_key: index
             for index, request in wanted.items()
@@ -111,9 +203,10 @@ class Proofs:
             if begun[index] is not None:
                 continue
             if key is None:
-                begun[index] = Begun(grant=guard.lock)
+                begun[index] = Begun(grant=guard.lock, slot=guard.slot)
             elif key in inserted:
-                begun[index] = Begun(grant=guard.lock, operation=rows.operation(inserted[key], []))
+                operation = rows.operation(inserted[key], [])
+                begun[index] = Begun(grant=guard.lock, operation=operation, slot=guard.slot)
             else:  # recorded already: claimed, or busy with a live delivery's claim
                 begun[index] = self._claim_or_busy(tx, guard, request, now, marked=False)
 
@@ -209,6 +302,16 @@ class Proofs:
         found = self.driver.read(lambda tx: tx.all("lock_row", {"resource": resource}))
         return int(found[0]["fence"]) if found else 0
 
+    def slot_grants(self, key: str) -> list[LockGrant]:
+        """Every slot of ``key`` ever held, by number (released ones: owner ``""``)."""
+        found = self.driver.read(lambda tx: tx.all("slot_rows", {"key": key}))
+        return [
+            LockGrant(
+                row["key"], row["owner"] or "", row["fence"], row["expires_at"] or 0.0, row["slot"]
+            )
+            for row in found
+        ]
+
     # -- operations and steps -----------------------------------------------------------------
 
     @staticmethod
@@ -263,26 +366,28 @@ class Proofs:
             if grant is None:
                 return Begun(busy=BusyReason.LOCK)
             current = replace(guard, lock=grant)
+        if request.concurrency_key is not None and current.slot is None:
+            slotted = [current]
+            if grant_slots(tx, slotted, {0: request}, now):
+                _give_back(tx, [current], marked=not leased)
+                return Begun(busy=BusyReason.SLOT)
+            current = slotted[0]
         if request.operation_key is None:
-            return Begun(grant=current.lock)
+            return Begun(grant=current.lock, slot=current.slot)
         return self._claim_or_busy(tx, current, request, now, marked=not leased)
 
     def _claim_or_busy(
         self, tx: Tx, guard: Guard, request: BeginRequest, now: float, *, marked: bool
     ) -> Begun:
         """Claim the operation for a delivery that holds what it locked; busy if a live
-        delivery holds the claim, in which case its lock is given straight back (and, if its
-        attempt row was ``marked`` with the grant, unmarked)."""
+        delivery holds the claim, in which case its lock and slot are given straight back (and,
+        if its attempt row was ``marked`` with the grant, unmarked)."""
         assert request.operation_key is not None
         operation = self._claim(tx, guard, request.operation_key, request.resource_key, now)
         if operation is None:
-            release_locks(tx, [guard])
-            if marked and guard.lock is not None:
-                # The attempt row must not name a lock this delivery gave straight back.
-                unmark = {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
-                tx.run("attempt_locks", {"items": [unmark]})
+            _give_back(tx, [guard], marked=marked)
             return Begun(busy=BusyReason.OPERATION)
-        return Begun(grant=guard.lock, operation=operation)
+        return Begun(grant=guard.lock, operation=operation, slot=guard.slot)
 
     def begin(self, guard: Guard, request: BeginRequest) -> Begun:
         """Lock the resource and claim the operation together (one transaction)."""

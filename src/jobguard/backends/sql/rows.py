@@ -58,6 +58,12 @@ def job(row: Row, *, deduplicated: bool = False) -> Job:
         ),
         dead_code=DeadCode.stored(row["dead_code"]) if row["dead_code"] else None,
         headers=row["headers"],
+        soft_time_limit_s=row["soft_time_limit_s"],
+        time_limit_s=row["time_limit_s"],
+        cancel_requested_at=row["cancel_requested_at"],
+        cancel_requested_by=row["cancel_requested_by"],
+        concurrency_key=row["concurrency_key"],
+        concurrency_limit=row["concurrency_limit"],
         deduplicated=deduplicated,
     )
 
@@ -83,6 +89,11 @@ def delivery(row: Row, attempt_id: int) -> Delivery:
         error_signature=row["error_signature"],
         same_error_count=row["same_error_count"],
         headers=row["headers"],
+        soft_time_limit_s=row["soft_time_limit_s"],
+        time_limit_s=row["time_limit_s"],
+        cancel_requested_by=row["cancel_requested_by"],
+        concurrency_key=row["concurrency_key"],
+        concurrency_limit=row["concurrency_limit"],
     )
 
 

@@ -32,6 +32,7 @@ from jobguard.backends.base import (
     Renewal,
     RenewalResult,
 )
+from jobguard.backends.sql.cancels import Cancels
 from jobguard.backends.sql.driver import Driver
 from jobguard.backends.sql.endings import EndingWrites
 from jobguard.backends.sql.leases import Leases
@@ -80,6 +81,7 @@ class SQLStore:
         self._endings = EndingWrites(driver)
         self._reads = Reads(driver)
         self._pauses = Pauses(driver)
+        self._cancels = Cancels(driver)
 
     def close(self) -> None:
         """Close this process's connections."""
@@ -119,7 +121,7 @@ class SQLStore:
         return self._leases.fetch_prepared(queues, limit, worker_id, rules)
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
-        """Extend every lease and lock still ours, in one transaction."""
+        """Extend every lease, lock and slot still ours, in one transaction."""
         return self._leases.renew(renewals)
 
     def admit_host_delivery(
@@ -152,8 +154,12 @@ class SQLStore:
         """The last fence issued for ``resource`` (0 if never locked)."""
         return self._proofs.lock_fence(resource)
 
+    def slot_grants(self, key: str) -> list[LockGrant]:
+        """Every slot of concurrency key ``key`` ever held, by number."""
+        return self._proofs.slot_grants(key)
+
     def begin(self, guard: Guard, request: BeginRequest) -> Begun:
-        """Lock the resource and claim the operation together (one transaction)."""
+        """Lock the resource, take a slot and claim the operation together (one transaction)."""
         return self._proofs.begin(guard, request)
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
@@ -265,6 +271,10 @@ class SQLStore:
     def audit_trail(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent operator actions, newest first."""
         return self._reads.audit_trail(limit)
+
+    def cancel(self, job_id: int, actor: str, reason: str) -> Job | None:
+        """Cancel a queued or running job, audited (``None``: no such job is live)."""
+        return self._cancels.cancel(job_id, actor, reason)
 
     def pause_queue(self, queue: str, actor: str) -> bool:
         """Pause a queue, audited (``False``: it was paused already)."""

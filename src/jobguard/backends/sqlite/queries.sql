@@ -29,10 +29,12 @@ UPDATE jobs SET dedup_hits = dedup_hits + 1 WHERE id = :id;
 -- name: insert_job
 INSERT INTO jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
-                  dedup_window_s, headers, created_at)
+                  dedup_window_s, headers, soft_time_limit_s, time_limit_s, concurrency_key,
+                  concurrency_limit, created_at)
 VALUES (:task, :queue, :payload, 'queued', :priority, :run_at, :run_at, :max_attempts,
         :visibility_timeout_s, :operation_key, :resource_key, :lock_ttl_s, :dedup_key,
-        :dedup_window_s, :headers, :now)
+        :dedup_window_s, :headers, :soft_time_limit_s, :time_limit_s, :concurrency_key,
+        :concurrency_limit, :now)
 RETURNING *;
 
 -- name: ready_jobs
@@ -85,14 +87,17 @@ JOIN jobs AS j ON j.id = json_extract(item.value, '$.job_id')
 RETURNING id, job_id;
 
 -- name: extend_lease
+-- Also says whether an operator asked to cancel the job (its worker then tells the run).
 UPDATE jobs SET available_at = :now + :visibility_timeout_s
-WHERE id = :job_id AND lease_token = :lease_token AND status = 'running';
+WHERE id = :job_id AND lease_token = :lease_token AND status = 'running'
+RETURNING cancel_requested_by;
 
 -- name: settle_jobs
--- How deliveries end, many at once (:items: job_id, lease_token, resource, fence, key, status,
--- delay_s, uncharge, deferral, set_error, last_error, set_signature, error_signature,
--- same_error_count, code, reason), each only with every proof in place: the lease, and for a
--- success the newest fence of its lock (resource, fence) and the operation's claim (key).
+-- How deliveries end, many at once (:items: job_id, lease_token, resource, fence, slot_key,
+-- slot, slot_fence, key, status, delay_s, uncharge, deferral, set_error, last_error,
+-- set_signature, error_signature, same_error_count, code, reason), each only with every proof in
+-- place: the lease, and for a success the newest fence of its lock (resource, fence) and of its
+-- concurrency slot (slot_key, slot, slot_fence) and the operation's claim (key).
 -- status 'completed' finishes the job, 'dead' buries it, 'queued' requeues it after delay_s
 -- (NULL: now, keeping its run_at); uncharge hands the attempt back. Returns the ids it moved.
 UPDATE jobs
@@ -114,6 +119,9 @@ FROM (SELECT json_extract(value, '$.job_id') AS job_id,
              json_extract(value, '$.lease_token') AS lease_token,
              json_extract(value, '$.resource') AS resource,
              json_extract(value, '$.fence') AS fence,
+             json_extract(value, '$.slot_key') AS slot_key,
+             json_extract(value, '$.slot') AS slot,
+             json_extract(value, '$.slot_fence') AS slot_fence,
              json_extract(value, '$.key') AS key,
              json_extract(value, '$.status') AS status,
              json_extract(value, '$.delay_s') AS delay_s,
@@ -131,6 +139,10 @@ WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND jobs.sta
   AND (item.resource IS NULL
        OR NOT EXISTS (SELECT 1 FROM locks
                       WHERE locks.resource = item.resource AND locks.fence > item.fence))
+  AND (item.slot_key IS NULL
+       OR NOT EXISTS (SELECT 1 FROM slots
+                      WHERE slots.key = item.slot_key AND slots.slot = item.slot
+                        AND slots.fence > item.slot_fence))
   AND (item.key IS NULL
        OR EXISTS (SELECT 1 FROM operations
                   WHERE operations.key = item.key AND operations.owner_lease = item.lease_token))
@@ -202,6 +214,20 @@ FROM (SELECT json_extract(value, '$.resource') AS resource,
       FROM json_each(:items)) AS item
 WHERE locks.resource = item.resource AND locks.owner = item.owner;
 
+-- name: cancel_job
+-- A cancel (#17): a queued job is buried as cancelled (:code, :reason); a running one only
+-- records the request, which its worker reads with each renewal. The first request is kept.
+UPDATE jobs
+SET status = CASE WHEN status = 'queued' THEN 'dead' ELSE status END,
+    available_at = CASE WHEN status = 'queued' THEN NULL ELSE available_at END,
+    finished_at = CASE WHEN status = 'queued' THEN :now ELSE finished_at END,
+    dead_code = CASE WHEN status = 'queued' THEN :code ELSE dead_code END,
+    dead_reason = CASE WHEN status = 'queued' THEN :reason ELSE dead_reason END,
+    cancel_requested_at = coalesce(cancel_requested_at, :now),
+    cancel_requested_by = coalesce(cancel_requested_by, :actor)
+WHERE id = :job_id AND status IN ('queued', 'running')
+RETURNING *;
+
 -- name: dead_jobs
 SELECT * FROM jobs WHERE status = 'dead' ORDER BY finished_at DESC, id DESC LIMIT :limit;
 
@@ -217,7 +243,7 @@ RETURNING *;
 UPDATE jobs
 SET status = 'queued', available_at = :now, run_at = :now, attempts = 0, deferrals = 0,
     same_error_count = 0, error_signature = NULL, dead_code = NULL, dead_reason = NULL,
-    finished_at = NULL
+    finished_at = NULL, cancel_requested_at = NULL, cancel_requested_by = NULL
 WHERE id = :job_id AND status = 'dead'
 RETURNING *;
 
@@ -252,6 +278,50 @@ ON CONFLICT (resource) DO UPDATE
 SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
 WHERE locks.owner IS NULL OR locks.expires_at <= :now
 RETURNING resource, fence;
+
+-- name: grant_slots
+-- Concurrency slots for many deliveries (:items: key, lim, owner, expires_at, nth): each gets
+-- the nth (from 0) free slot of its key among slots 0..lim-1 (free: never held, released or
+-- expired), nth distinct per key. Returns the granted ones (key, slot, owner, fence): an item
+-- whose nth free slot is not below its limit gets none.
+WITH RECURSIVE
+    item AS (SELECT json_extract(value, '$.key') AS key, json_extract(value, '$.lim') AS lim,
+                    json_extract(value, '$.owner') AS owner,
+                    json_extract(value, '$.expires_at') AS expires_at,
+                    json_extract(value, '$.nth') AS nth
+             FROM json_each(:items)),
+    wanted AS (SELECT key, max(lim) AS lim FROM item GROUP BY key),
+    numbered (key, slot, lim) AS (
+        SELECT key, 0, lim FROM wanted
+        UNION ALL SELECT key, slot + 1, lim FROM numbered WHERE slot + 1 < lim),
+    free AS (SELECT numbered.key, numbered.slot,
+                    row_number() OVER (PARTITION BY numbered.key ORDER BY numbered.slot) - 1 AS nth
+             FROM numbered LEFT JOIN slots
+                  ON slots.key = numbered.key AND slots.slot = numbered.slot
+             WHERE slots.key IS NULL OR slots.owner IS NULL OR slots.expires_at <= :now)
+INSERT INTO slots (key, slot, owner, fence, expires_at)
+SELECT free.key, free.slot, item.owner, 1, item.expires_at
+FROM item JOIN free ON free.key = item.key AND free.nth = item.nth
+WHERE free.slot < item.lim
+ON CONFLICT (key, slot) DO UPDATE
+SET owner = excluded.owner, fence = slots.fence + 1, expires_at = excluded.expires_at
+WHERE slots.owner IS NULL OR slots.expires_at <= :now
+RETURNING key, slot, owner, fence;
+
+-- name: renew_slot
+UPDATE slots SET expires_at = :expires_at WHERE key = :key AND slot = :slot AND owner = :owner;
+
+-- name: release_slots
+-- The slots of ended deliveries freed, where each owner still holds its slot (:items: key,
+-- slot, owner); the fence counter is kept.
+UPDATE slots SET owner = NULL, expires_at = NULL
+FROM (SELECT json_extract(value, '$.key') AS key, json_extract(value, '$.slot') AS slot,
+             json_extract(value, '$.owner') AS owner
+      FROM json_each(:items)) AS item
+WHERE slots.key = item.key AND slots.slot = item.slot AND slots.owner = item.owner;
+
+-- name: slot_rows
+SELECT key, slot, owner, fence, expires_at FROM slots WHERE key = :key ORDER BY slot;
 
 -- name: attempt_locks
 -- attempt_lock for many (:items: attempt_id, lock_owner, fence).
@@ -318,12 +388,13 @@ WHERE lease_token = :owner_lease AND status = 'running' AND available_at > :now;
 
 -- name: guard_state
 -- Everything a guarded write must prove, in one round trip: lease current, newest fence issued
--- for the resource, whether this lease holds the operation's claim, and (for a db_step) the
--- step's stored result if it already ran.
+-- for the resource and for the concurrency slot, whether this lease holds the operation's claim,
+-- and (for a db_step) the step's stored result if it already ran.
 SELECT
     (SELECT 1 FROM jobs
      WHERE id = :job_id AND lease_token = :lease_token AND status = 'running') AS lease_ok,
     (SELECT fence FROM locks WHERE resource = :resource) AS fence,
+    (SELECT fence FROM slots WHERE key = :slot_key AND slot = :slot) AS slot_fence,
     (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token) AS claim_ok,
     (SELECT result FROM steps WHERE operation_key = :key AND name = :step) AS step_result;
 

@@ -33,7 +33,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     -- Why a job is dead, as a code; the words are made above the store (NULL text: from the code).
     dead_code            TEXT,
     -- Context carried with a job (a JSON object as text), e.g. the enqueuer's trace.
-    headers              TEXT
+    headers              TEXT,
+    -- Soft and hard run-time limits in seconds (NULL: none), stored at enqueue.
+    soft_time_limit_s    REAL,
+    time_limit_s         REAL,
+    -- A cancel asked of a running job: when and by whom (read with each renewal).
+    cancel_requested_at  REAL,
+    cancel_requested_by  TEXT,
+    -- A concurrency limit: the job runs only while holding one of the key's N slots.
+    concurrency_key      TEXT,
+    concurrency_limit    INTEGER
 );
 
 -- The fetch scan: only live jobs are indexed, so finished rows cost the scan nothing.
@@ -79,6 +88,17 @@ CREATE TABLE IF NOT EXISTS locks (
     owner       TEXT,
     fence       INTEGER NOT NULL,
     expires_at  REAL
+);
+
+-- One row per concurrency slot ever held (key, slot 0..N-1): a lock of its own, whose fence
+-- counter survives release so it never repeats.
+CREATE TABLE IF NOT EXISTS slots (
+    key         TEXT    NOT NULL,
+    slot        INTEGER NOT NULL,
+    owner       TEXT,
+    fence       INTEGER NOT NULL,
+    expires_at  REAL,
+    PRIMARY KEY (key, slot)
 );
 
 CREATE TABLE IF NOT EXISTS operations (
