@@ -78,10 +78,14 @@ WHERE id = ANY(%(ids)s::bigint[])
 RETURNING *, coalesce(%(lease_s)s::float8, visibility_timeout_s) AS lease_s;
 
 -- name: insert_attempts
+-- The attempts of deliveries just leased and begun (%(items)s: job_id, lock_owner, fence), each
+-- with the lock its begin granted: the row is written once here, not marked afterwards.
 INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
-                      started_at, host_delivery)
-SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, %(now)s, %(host)s::text
-FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[])
+                      lock_owner, fence, started_at, host_delivery)
+SELECT j.id, j.attempts, j.task, j.queue, j.operation_key, j.worker_id, j.lease_token,
+       item.lock_owner, item.fence, %(now)s, %(host)s::text
+FROM jsonb_to_recordset(%(items)s::jsonb) AS item(job_id bigint, lock_owner text, fence bigint)
+JOIN {schema}.jobs AS j ON j.id = item.job_id
 RETURNING id, job_id;
 
 -- name: extend_leases

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from jobguard.backends.base import (
@@ -162,10 +163,12 @@ class Leases:
         requests: Sequence[BeginRequest | None],
         now: float,
         granted_at: float | None = None,
+        host_delivery: str | None = None,
     ) -> list[Prepared]:
         """Begin deliveries leased in this transaction, one by one in :func:`_lock_order`, or
         as a set (a few statements for the batch) when no two of them ask for the same
-        resource or operation, so that none depends on what another got."""
+        resource or operation, so that none depends on what another got; then write their
+        attempt rows, each with the lock it holds (one row written once, not marked after)."""
         wanted = [index for index, request in enumerate(requests) if request is not None]
         order = sorted(wanted, key=lambda i: _lock_order(requests[i]))
         guards = [Guard(d.job_id, d.lease_token, d.attempt_id) for d in deliveries]
@@ -177,8 +180,14 @@ class Leases:
                 request = requests[index]
                 assert request is not None
                 begun[index] = self.proofs.begin_one(tx, guards[index], request, now, leased=True)
+        attempt_ids = _insert_attempts(tx, deliveries, begun, now, host_delivery)
         return [
-            Prepared(delivery, request, result, granted_at)
+            Prepared(
+                replace(delivery, attempt_id=attempt_ids[delivery.job_id]),
+                request,
+                result,
+                granted_at,
+            )
             for delivery, request, result in zip(deliveries, requests, begun, strict=True)
         ]
 
@@ -212,11 +221,10 @@ class Leases:
         rules: Mapping[str, DeliveryRules],
         worker_id: str,
         now: float,
-        host_delivery: str | None = None,
     ) -> list[Delivery]:
-        """New leases for ``picked`` (one statement per lease length and attempt limit), each
-        with an attempt row (naming ``host_delivery``, a host queue's delivery id, if given);
-        the row keeps the attempt limit the worker enforces."""
+        """New leases for ``picked`` (one statement per lease length and attempt limit); the
+        row keeps the attempt limit the worker enforces. Their attempt rows are written by
+        :meth:`_begin_fetched` (until then ``attempt_id`` is 0), with what each begin got."""
         by_rule: dict[tuple[float | None, int | None], list[int]] = {}
         for row in picked:
             rule = rules.get(row["task"])
@@ -232,12 +240,7 @@ class Leases:
                 "now": now,
             }
             leased.update((row["id"], row) for row in tx.all("lease_jobs", params))
-        order = [row["id"] for row in picked]
-        attempt_ids = {
-            row["job_id"]: row["id"]
-            for row in tx.all("insert_attempts", {"ids": order, "now": now, "host": host_delivery})
-        }
-        return [rows.delivery(leased[job_id], attempt_ids[job_id]) for job_id in order]
+        return [rows.delivery(leased[row["id"]], 0) for row in picked]
 
     def admit_host_delivery(
         self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
@@ -262,10 +265,13 @@ class Leases:
             assert row is not None
             if self._close_expired(tx, [row], task_rules, now):
                 return HostAdmission(Admit.DEAD, row["id"])  # its attempts were spent
-            delivery = self._lease(tx, [row], task_rules, worker_id, now, host_delivery)[0]
-            # Begun in the lease's transaction, as a fetch begins what it leases.
+            delivery = self._lease(tx, [row], task_rules, worker_id, now)[0]
+            # Begun in the lease's transaction, as a fetch begins what it leases; its attempt
+            # row names the host's delivery id as it is written.
             request = begin_request(delivery, rules, worker_id)
-            (prepared,) = self._begin_fetched(tx, [delivery], [request], now, granted_at)
+            (prepared,) = self._begin_fetched(
+                tx, [delivery], [request], now, granted_at, host_delivery
+            )
             return HostAdmission(decided.admit, row["id"], prepared)
 
         return self.driver.write(op)
@@ -365,6 +371,30 @@ def _shadow_job(tx: Tx, key: dict[str, Any]) -> tuple[Row | None, Found | None]:
     row = tx.one("host_job", key)
     found = None if row is None else Found(JobStatus(row["status"]), row["available_at"])
     return row, found
+
+
+def _insert_attempts(
+    tx: Tx,
+    deliveries: Sequence[Delivery],
+    begun: Sequence[Begun | None],
+    now: float,
+    host_delivery: str | None,
+) -> dict[int, int]:
+    """The attempt rows of deliveries leased and begun in this transaction, each naming the
+    lock its begin granted (none if it was busy) and ``host_delivery`` (a host queue's delivery
+    id, if given), in one statement; their ids by job."""
+    items = []
+    for delivery, result in zip(deliveries, begun, strict=True):
+        grant = result.grant if result is not None else None
+        items.append(
+            {
+                "job_id": delivery.job_id,
+                "lock_owner": grant.owner if grant else None,
+                "fence": grant.fence if grant else None,
+            }
+        )
+    found = tx.all("insert_attempts", {"items": items, "now": now, "host": host_delivery})
+    return {row["job_id"]: row["id"] for row in found}
 
 
 def _independent(requests: Sequence[BeginRequest | None]) -> bool:

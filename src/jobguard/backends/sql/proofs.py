@@ -88,12 +88,15 @@ def release_locks(tx: Tx, guards: Sequence[Guard]) -> int:
     return freed + (tx.run("release_slots", {"items": slots}) if slots else 0)
 
 
-def _give_back(tx: Tx, guards: Sequence[Guard]) -> None:
+def _give_back(tx: Tx, guards: Sequence[Guard], *, marked: bool) -> None:
     """Deliveries that cannot begin after all: what they were granted in this begin is freed,
-    and their attempt rows do not name a lock they gave straight back."""
+    and their attempt rows, if already ``marked`` with the lock, do not name a lock they gave
+    straight back (a fetch writes its attempt rows after the begin)."""
     if not guards:
         return
     release_locks(tx, guards)
+    if not marked:
+        return
     unmark = [
         {"attempt_id": guard.attempt_id, "lock_owner": None, "fence": None}
         for guard in guards
@@ -162,10 +165,11 @@ class Proofs:
         begun: list[Begun | None],
         now: float,
     ) -> None:
-        """:meth:`begin_one` for a batch of fresh deliveries that ask for distinct resources
-        and operations: one statement grants every lock, one records the grants on the
-        attempts, one inserts every new operation; only operations already recorded are
-        claimed one at a time. Fills ``guards`` (grants) and ``begun``."""
+        """:meth:`begin_one` for a batch of deliveries leased in this transaction that ask for
+        distinct resources and operations: one statement grants every lock, one inserts every
+        new operation; only operations already recorded are claimed one at a time. Fills
+        ``guards`` (grants) and ``begun``; their attempt rows are written after, with what each
+        holds then."""
         wanted = {index: request for index in order if (request := requests[index]) is not None}
         self._grant_set(tx, guards, wanted, begun, now)
         # Slots of one key are shared within a batch (one statement hands out distinct ones).
@@ -173,7 +177,7 @@ class Proofs:
         # refused that slot meanwhile is deferred and takes it on its next fetch.
         free = {index: request for index, request in wanted.items() if begun[index] is None}
         slotless = sorted(grant_slots(tx, guards, free, now))
-        _give_back(tx, [guards[index] for index in slotless])  # their locks, just taken
+        _give_back(tx, [guards[index] for index in slotless], marked=False)  # locks just taken
         for index in slotless:
             begun[index] = Begun(busy=BusyReason.SLOT)
         claiming = {
@@ -204,7 +208,7 @@ class Proofs:
                 operation = rows.operation(inserted[key], [])
                 begun[index] = Begun(grant=guard.lock, operation=operation, slot=guard.slot)
             else:  # recorded already: claimed, or busy with a live delivery's claim
-                begun[index] = self._claim_or_busy(tx, guard, request, now)
+                begun[index] = self._claim_or_busy(tx, guard, request, now, marked=False)
 
     @staticmethod
     def _grant_set(
@@ -232,7 +236,6 @@ class Proofs:
         ]
         granted = tx.all("grant_locks", {"items": items, "now": now})
         fences = {row["resource"]: row["fence"] for row in granted}
-        marks = []
         for resource, index in asking.items():
             if resource not in fences:
                 begun[index] = Begun(busy=BusyReason.LOCK)
@@ -241,15 +244,6 @@ class Proofs:
             expires_at = now + request.lock_ttl_s
             grant = LockGrant(resource, request.lock_owner, fences[resource], expires_at)
             guards[index] = replace(guards[index], lock=grant)
-            marks.append(
-                {
-                    "attempt_id": guards[index].attempt_id,
-                    "lock_owner": grant.owner,
-                    "fence": grant.fence,
-                }
-            )
-        if marks:
-            tx.run("attempt_locks", {"items": marks})
 
     # -- locks --------------------------------------------------------------------------------
 
@@ -355,7 +349,8 @@ class Proofs:
     def begin_one(
         self, tx: Tx, guard: Guard, request: BeginRequest, now: float, *, leased: bool = False
     ) -> Begun:
-        """``leased``: the lease was taken in this same transaction, so it needs no proof."""
+        """``leased``: the lease was taken in this same transaction, so it needs no proof, and
+        its attempt row is written after the begin, with the grant (none to mark here)."""
         if not leased:
             verify(tx, guard, None)
         current = guard
@@ -366,7 +361,7 @@ class Proofs:
                 request.resource_key,
                 request.lock_owner,
                 request.lock_ttl_s,
-                guard.attempt_id,
+                None if leased else guard.attempt_id,
                 now,
             )
             if grant is None:
@@ -375,20 +370,23 @@ class Proofs:
         if request.concurrency_key is not None and current.slot is None:
             slotted = [current]
             if grant_slots(tx, slotted, {0: request}, now):
-                _give_back(tx, [current])
+                _give_back(tx, [current], marked=not leased)
                 return Begun(busy=BusyReason.SLOT)
             current = slotted[0]
         if request.operation_key is None:
             return Begun(grant=current.lock, slot=current.slot)
-        return self._claim_or_busy(tx, current, request, now)
+        return self._claim_or_busy(tx, current, request, now, marked=not leased)
 
-    def _claim_or_busy(self, tx: Tx, guard: Guard, request: BeginRequest, now: float) -> Begun:
+    def _claim_or_busy(
+        self, tx: Tx, guard: Guard, request: BeginRequest, now: float, *, marked: bool
+    ) -> Begun:
         """Claim the operation for a delivery that holds what it locked; busy if a live
-        delivery holds the claim, in which case its lock and slot are given straight back."""
+        delivery holds the claim, in which case its lock and slot are given straight back (and,
+        if its attempt row was ``marked`` with the grant, unmarked)."""
         assert request.operation_key is not None
         operation = self._claim(tx, guard, request.operation_key, request.resource_key, now)
         if operation is None:
-            _give_back(tx, [guard])
+            _give_back(tx, [guard], marked=marked)
             return Begun(busy=BusyReason.OPERATION)
         return Begun(grant=guard.lock, operation=operation, slot=guard.slot)
 

@@ -76,10 +76,14 @@ WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING *, coalesce(:lease_s, visibility_timeout_s) AS lease_s;
 
 -- name: insert_attempts
+-- The attempts of deliveries just leased and begun (:items: job_id, lock_owner, fence), each
+-- with the lock its begin granted: the row is written once here, not marked afterwards.
 INSERT INTO attempts (job_id, attempt, task, queue, operation_key, worker_id, lease_token,
-                      started_at, host_delivery)
-SELECT id, attempts, task, queue, operation_key, worker_id, lease_token, :now, :host
-FROM jobs WHERE id IN (SELECT value FROM json_each(:ids))
+                      lock_owner, fence, started_at, host_delivery)
+SELECT j.id, j.attempts, j.task, j.queue, j.operation_key, j.worker_id, j.lease_token,
+       json_extract(item.value, '$.lock_owner'), json_extract(item.value, '$.fence'), :now, :host
+FROM json_each(:items) AS item
+JOIN jobs AS j ON j.id = json_extract(item.value, '$.job_id')
 RETURNING id, job_id;
 
 -- name: extend_leases
