@@ -284,9 +284,15 @@ SET owner = excluded.owner, fence = slots.fence + 1, expires_at = excluded.expir
 WHERE slots.owner IS NULL OR slots.expires_at <= %(now)s
 RETURNING key, slot, owner, fence;
 
--- name: renew_slot
-UPDATE {schema}.slots SET expires_at = %(expires_at)s
-WHERE key = %(key)s AND slot = %(slot)s AND owner = %(owner)s;
+-- name: renew_slots
+-- The slots still owned extended (%(items)s: key, slot, owner, ttl_s) from the store clock, as
+-- renew_locks. Returns the slots it extended.
+UPDATE {schema}.slots AS s
+SET expires_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+                 + item.ttl_s
+FROM jsonb_to_recordset(%(items)s::jsonb) AS item(key text, slot integer, owner text, ttl_s float8)
+WHERE s.key = item.key AND s.slot = item.slot AND s.owner = item.owner
+RETURNING s.key, s.slot, s.owner;
 
 -- name: release_slots
 -- The slots of ended deliveries freed, where each owner still holds its slot (%(items)s: key,

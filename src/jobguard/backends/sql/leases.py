@@ -300,8 +300,8 @@ class Leases:
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
         """Extend every lease, lock and slot still ours: one set statement for the leases and
-        one for the locks, each atomic on its own, so that on a slow network the first renewal
-        of a delivery just fetched lands well within its lease; slots in one transaction."""
+        one for the locks and one for the slots, each atomic on its own, so that on a slow
+        network the first renewal of a delivery just fetched lands well within its lease."""
         leases = [
             {
                 "job_id": item.guard.job_id,
@@ -335,26 +335,22 @@ class Leases:
         return results
 
     def _renew_slots(self, renewals: Sequence[Renewal]) -> set[tuple[str, int | None, str]]:
-        """Extend the concurrency slots still owned; the (key, slot, owner) of each extended."""
-
-        def op(tx: Tx) -> set[tuple[str, int | None, str]]:
-            now = tx.now()
-            kept: set[tuple[str, int | None, str]] = set()
-            for item in renewals:
-                slot = item.guard.slot
-                assert slot is not None
-                assert item.lock_ttl_s is not None
-                params = {
+        """Extend the concurrency slots still owned (one statement, as the locks); the (key,
+        slot, owner) of each extended."""
+        items = []
+        for item in renewals:
+            slot = item.guard.slot
+            assert slot is not None
+            items.append(
+                {
                     "key": slot.resource,
                     "slot": slot.slot,
                     "owner": slot.owner,
-                    "expires_at": now + item.lock_ttl_s,
+                    "ttl_s": item.lock_ttl_s,
                 }
-                if tx.run("renew_slot", params) == 1:
-                    kept.add((slot.resource, slot.slot, slot.owner))
-            return kept
-
-        return self.driver.write(op)
+            )
+        rows = self.driver.write_statement("renew_slots", {"items": items})
+        return {(row["key"], row["slot"], row["owner"]) for row in rows}
 
 
 def _shadow_key(spec: JobSpec) -> dict[str, Any]:

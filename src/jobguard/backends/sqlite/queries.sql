@@ -315,8 +315,18 @@ SET owner = excluded.owner, fence = slots.fence + 1, expires_at = excluded.expir
 WHERE slots.owner IS NULL OR slots.expires_at <= :now
 RETURNING key, slot, owner, fence;
 
--- name: renew_slot
-UPDATE slots SET expires_at = :expires_at WHERE key = :key AND slot = :slot AND owner = :owner;
+-- name: renew_slots
+-- The slots still owned extended (:items: key, slot, owner, ttl_s) from the store clock.
+-- Returns the slots it extended.
+UPDATE slots
+SET expires_at = :now + item.ttl_s
+FROM (SELECT json_extract(value, '$.key') AS key,
+             json_extract(value, '$.slot') AS slot,
+             json_extract(value, '$.owner') AS owner,
+             json_extract(value, '$.ttl_s') AS ttl_s
+      FROM json_each(:items)) AS item
+WHERE slots.key = item.key AND slots.slot = item.slot AND slots.owner = item.owner
+RETURNING slots.key, slots.slot, slots.owner;
 
 -- name: release_slots
 -- The slots of ended deliveries freed, where each owner still holds its slot (:items: key,
