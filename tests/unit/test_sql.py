@@ -70,13 +70,13 @@ def test_each_write_has_one_statement_shape_the_set_form(package: str) -> None:
 
 @pytest.mark.parametrize("package", DRIVERS)
 def test_migrations_are_numbered_from_one_each_number_once(package: str) -> None:
-    """Migrations apply in order; a duplicate number is refused at load time. A number may be
-    missing while the change that owns it lands apart (a store applies, in order, every
-    migration above its version)."""
+    """Migrations apply in order; a duplicate or a missing number (a file lost, which a store
+    past it would never apply) is refused at load time."""
     migrations = _sql.load_migrations(package)
     versions = [version for version, _, _ in migrations]
     assert versions[0] == 1
     assert versions == sorted(set(versions))
+    assert versions == list(range(1, len(versions) + 1))
     assert all(sql.strip() for _, _, sql in migrations)
 
 

@@ -43,8 +43,6 @@ def load_migrations(package: str) -> list[tuple[int, str, str]]:
             found.append((int(match.group(1)), match.group(2), entry.read_text("utf-8")))
     found.sort()
     versions = [version for version, _, _ in found]
-    # Distinct and from 1 up; a number may be missing while the change that owns it lands
-    # apart (each store applies what it lacks above its version, in order).
-    if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
+    if versions != list(range(1, len(versions) + 1)):
         raise ValueError(f"migrations of {package} are not numbered 1..n: {versions}")
     return found
