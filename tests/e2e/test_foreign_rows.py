@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,7 +98,27 @@ def test_commands_show_foreign_rows_and_exit_0(
     if command == ["dlq", "show", "3"]:
         assert "parked" in done.stdout
     if command[-1] == "--json":
-        json.loads(done.stdout)
+        strict_json(done.stdout)
+
+
+def strict_json(text: str) -> Any:
+    """Parse ``text`` as JSON proper: Python's json also takes NaN and Infinity, JSON does not."""
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_jobs_json_shows_an_infinite_duration_as_null(
+    foreign: App, store_url: str, tmp_path: Path
+) -> None:
+    try:
+        done = run_process(["--url", store_url, "attempts", "--job", "2", "--json"], tmp_path)
+    finally:
+        foreign.close()
+    assert done.returncode == 0, done.stderr
+    assert [attempt["duration_s"] for attempt in strict_json(done.stdout)] == [None]
 
 
 def test_the_api_reads_foreign_rows_as_they_are(foreign: App) -> None:

@@ -7,7 +7,6 @@ purpose, so it is expected to exit 1: the exit code always says whether the shop
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from jobguard.cli.jobs_cmd import emit_json
 from jobguard.demo import report as demo_report
 from jobguard.demo.display import LiveProgress, render_report
 from jobguard.demo.runner import run_demo
@@ -109,7 +109,7 @@ def demo(
         result = run_demo(settings, files, timeout_s=timeout_s)
     data = demo_report.build(files, result.info)
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        emit_json(data)
     else:
         out = Console(highlight=False)
         if not out.is_terminal:

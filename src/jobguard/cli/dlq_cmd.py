@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
@@ -15,6 +14,7 @@ from jobguard.cli.jobs_cmd import (
     console,
     emit_json,
     jobs_table,
+    json_text,
     safe_text,
     when,
 )
@@ -91,7 +91,7 @@ def _payload_text(payload: Any) -> str:
     decoded = decode_object(payload)
     if isinstance(decoded, str):
         return f"{payload!r} ({decoded})"
-    return json.dumps(decoded, indent=2)
+    return json_text(decoded)
 
 
 @dlq.command()

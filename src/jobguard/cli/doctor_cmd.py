@@ -8,14 +8,22 @@ change the exit code.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Collection, Sequence
 
 import click
 from rich.console import Console
 from rich.text import Text
 
-from jobguard.cli.jobs_cmd import LIMIT, console, dash, duration, safe_text, table, when
+from jobguard.cli.jobs_cmd import (
+    LIMIT,
+    console,
+    dash,
+    duration,
+    emit_json,
+    safe_text,
+    table,
+    when,
+)
 from jobguard.cli.state import CliState
 from jobguard.core import checks
 from jobguard.core.text import utc_text
@@ -295,7 +303,7 @@ def doctor(
             "hints": diagnosis.hints,
             **dataclasses.asdict(diagnosis),
         }
-        click.echo(json.dumps(report, indent=2))
+        emit_json(report)
     else:
         _print(diagnosis)
     if diagnosis.problems:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -44,9 +45,15 @@ def console() -> Console:
     return out
 
 
+def json_text(value: Any) -> str:
+    """Models (dataclasses), lists of them or plain values as indented, strict JSON: a number
+    JSON cannot hold (an infinite or NaN float, as a planted row may carry) becomes ``null``."""
+    return json.dumps(_plain(value), indent=2, allow_nan=False)
+
+
 def emit_json(value: Any) -> None:
-    """Print models (dataclasses), lists of them or plain values as indented JSON."""
-    click.echo(json.dumps(_plain(value), indent=2))
+    """Print :func:`json_text` of ``value``."""
+    click.echo(json_text(value))
 
 
 def _plain(value: Any) -> Any:
@@ -58,6 +65,8 @@ def _plain(value: Any) -> Any:
         return [_plain(item) for item in value]
     if isinstance(value, bytes):  # a payload planted as a BLOB: shown, not a TypeError
         return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from jobguard.app import App
-from jobguard.cli.jobs_cmd import console, table
+from jobguard.cli.jobs_cmd import console, emit_json, table
 from jobguard.cli.signals import stop_on_signals
 from jobguard.cli.state import CliState
 from jobguard.core.schedules import Cron
@@ -121,7 +120,7 @@ def schedules(state: CliState, count: int, as_json: bool) -> None:
     stored = {s.name: s for s in app.backend.schedule_states()}
     found = [_describe(app, s, stored.get(s.name), count) for s in app.schedules.values()]
     if as_json:
-        click.echo(json.dumps(found, indent=2))
+        emit_json(found)
         return
     rows = []
     for item in found:
