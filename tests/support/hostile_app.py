@@ -170,6 +170,10 @@ def _register_worker_tasks(app: App) -> None:
         count_effect(ctx, "lost" if ctx.lease_lost else "timeout")
 
 
-# For ``jobguard --app tests.support.hostile_app:app``: the store comes from HOSTILE_URL. An App
-# opens its store on first use only, so importing this module touches no file.
-app = make_app(os.environ.get(URL_ENV, "sqlite:///hostile-unused.db"))
+def __getattr__(name: str) -> App:
+    """``app``, for ``jobguard --app tests.support.hostile_app:app``: the store comes from
+    HOSTILE_URL. Made when asked for, since it opens its store at once (the fault above wraps
+    the backend's renewal): importing this module touches no file."""
+    if name == "app":
+        return make_app(os.environ[URL_ENV])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
