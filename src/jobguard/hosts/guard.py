@@ -116,11 +116,17 @@ def check_guardable(name: str, fn: Callable[..., Any]) -> inspect.Signature:
     return signature
 
 
-def check_store(store: App) -> str:
-    """The store's URL, after opening it once: an unreachable store fails here, not at a job."""
+def check_store(store: App) -> Backend:
+    """The store opened once, here: an unreachable store fails at import, not at a job.
+
+    The backend is left with no connection open in this process, and is shared by every
+    process forked from it: each process opens its own connections on first use (the backends
+    never let a connection cross ``fork()``), so a host that forks a process per job (RQ's work
+    horse) neither opens nor checks the store again for every job.
+    """
     if not isinstance(store, App):
         raise ConfigurationError(f"the guard's store must be a jobguard.App, not {store!r}")
-    url = store.store_url  # worker processes open their own connections from it
+    url = store.store_url  # worker processes started anew open their own from it
     if url is None:
         raise ConfigurationError(
             "a guarded host task needs the store as a URL (jobguard.App(url)), not a backend "
@@ -136,7 +142,7 @@ def check_store(store: App) -> str:
         raise StoreUnavailableError(
             f"the jobguard store at {store.url} cannot be used: {exc}"
         ) from exc
-    return url
+    return backend
 
 
 def _ignore(_: object) -> None:
@@ -144,10 +150,11 @@ def _ignore(_: object) -> None:
 
 
 class _Runtime:
-    """This process's connections, pipeline and heartbeat (made after any fork, per pid)."""
+    """This process's pipeline and heartbeat (made after any fork, per pid) over the guard's
+    backend, whose connections are this process's own."""
 
-    def __init__(self, host: str, url: str, store: App, tasks: Mapping[str, Task]) -> None:
-        self.backend: Backend = open_backend(url)
+    def __init__(self, host: str, backend: Backend, store: App, tasks: Mapping[str, Task]) -> None:
+        self.backend = backend
         self.worker_id = f"{host}:{socket.gethostname()}:{os.getpid()}"
         self.pipeline = Pipeline(self.backend, tasks, self.worker_id, store.hooks)
         # The worker's settler, used in the handler's thread: one ending per host delivery.
@@ -191,7 +198,8 @@ class HostGuard:
     def __init__(self, host: str, store: App, *, max_hand_back_s: float) -> None:
         self.host = host
         self.store = store
-        self._url = check_store(store)
+        # Opened once in this process; every process forked from it shares the object.
+        self.backend = check_store(store)
         self.max_hand_back_s = max_hand_back_s
         self.tasks: dict[str, Task] = {}
         self._runtime: _Runtime | None = None
@@ -309,7 +317,7 @@ class HostGuard:
         if self._runtime is None or self._runtime_pid != pid:
             with self._runtime_lock:
                 if self._runtime is None or self._runtime_pid != pid:
-                    self._runtime = _Runtime(self.host, self._url, self.store, self.tasks)
+                    self._runtime = _Runtime(self.host, self.backend, self.store, self.tasks)
                     self._runtime_pid = pid
         return self._runtime
 
