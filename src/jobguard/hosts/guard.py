@@ -32,7 +32,7 @@ from typing import Any
 
 from jobguard.app import App
 from jobguard.backends import open_backend
-from jobguard.backends.base import Backend
+from jobguard.backends.base import Backend, Ending
 from jobguard.context import InFlight
 from jobguard.core.hosts import HOST_HEADER, HOST_TIMEOUT_HEADER, Admit
 from jobguard.core.retry import RetryPolicy, deferral_delay_s
@@ -149,6 +149,71 @@ def _ignore(_: object) -> None:
     """Nothing to count or free per delivery: the host keeps its own statistics."""
 
 
+class _Pending:
+    """One delivery's ending, waiting to be written with the others gathered meanwhile."""
+
+    __slots__ = ("ending", "error", "final", "inflight", "written")
+
+    def __init__(self, inflight: InFlight, ending: Ending) -> None:
+        self.inflight = inflight
+        self.ending = ending
+        self.final: Ending | None = None
+        self.error: BaseException | None = None
+        self.written = False
+
+    def result(self) -> Ending:
+        if self.error is not None:
+            raise self.error
+        assert self.final is not None
+        return self.final
+
+
+class Gathering:
+    """The endings of this process's deliveries written together (a group commit).
+
+    A delivery that ends while no ending is being written writes its own at once, as one
+    :meth:`Settler.settle`. One that ends while another's is being written waits for that
+    commit; then every ending gathered meanwhile is written in one settle, by the first of
+    them, and each waits for its own. A host that runs one delivery at a time per process
+    (Celery's prefork, RQ's work-horse) always writes alone; one that runs several threads
+    (Dramatiq) commits once for the deliveries that end together. No delivery returns to its
+    host before its ending is written, as before.
+    """
+
+    def __init__(self, settler: Settler) -> None:
+        self._settler = settler
+        self._turn = threading.Condition()
+        self._gathered: list[_Pending] = []
+        self._writing = False
+
+    def settle(self, inflight: InFlight, ending: Ending) -> Ending:
+        """Write one delivery's ending (with those gathered meanwhile); its final ending."""
+        mine = _Pending(inflight, ending)
+        with self._turn:
+            self._gathered.append(mine)
+            while self._writing and not mine.written:
+                self._turn.wait()
+            if mine.written:  # another delivery wrote it with its own
+                return mine.result()
+            self._writing = True
+            batch, self._gathered = self._gathered, []
+        try:
+            finals = self._settler.settle([(item.inflight, item.ending) for item in batch])
+            for item, final in zip(batch, finals, strict=True):
+                item.final = final
+        except BaseException as exc:  # a bug, or the host's time limit raised in this thread
+            for item in batch:
+                item.error = exc
+            raise
+        finally:
+            with self._turn:
+                for item in batch:
+                    item.written = True
+                self._writing = False
+                self._turn.notify_all()
+        return mine.result()
+
+
 class _Runtime:
     """This process's pipeline and heartbeat (made after any fork, per pid) over the guard's
     backend, whose connections are this process's own."""
@@ -157,10 +222,12 @@ class _Runtime:
         self.backend = backend
         self.worker_id = f"{host}:{socket.gethostname()}:{os.getpid()}"
         self.pipeline = Pipeline(self.backend, tasks, self.worker_id, store.hooks)
-        # The worker's settler, used in the handler's thread: one ending per host delivery.
+        # The worker's settler, used in the handlers' threads: the endings of deliveries that
+        # end together are written in one settle.
         self.settler = Settler(
             self.backend, self.pipeline, store.hooks, counted=_ignore, done=_ignore
         )
+        self.endings = Gathering(self.settler)
         self._inflight: dict[str, InFlight] = {}
         self._lock = threading.Lock()
         self.heartbeat = Heartbeat(self.backend, self._snapshot, store.hooks)
@@ -416,7 +483,7 @@ class HostGuard:
         jobs); the final ending becomes the host's verdict."""
         job_id = inflight.delivery.job_id
         ending = runtime.pipeline.run(inflight)
-        final = runtime.settler.settle([(inflight, ending)])[0]
+        final = runtime.endings.settle(inflight, ending)
         outcome = final.outcome
         if outcome in (Outcome.COMPLETED, Outcome.ALREADY_PROCESSED, Outcome.LEASE_REFUSED):
             # A refused lease: another delivery holds the job now, and its message finishes it.
