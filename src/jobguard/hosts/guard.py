@@ -32,7 +32,7 @@ from typing import Any
 
 from jobguard.app import App
 from jobguard.backends import open_backend
-from jobguard.backends.base import Backend
+from jobguard.backends.base import Backend, Ending
 from jobguard.context import InFlight
 from jobguard.core.hosts import HOST_HEADER, HOST_TIMEOUT_HEADER, Admit
 from jobguard.core.retry import RetryPolicy, deferral_delay_s
@@ -116,11 +116,17 @@ def check_guardable(name: str, fn: Callable[..., Any]) -> inspect.Signature:
     return signature
 
 
-def check_store(store: App) -> str:
-    """The store's URL, after opening it once: an unreachable store fails here, not at a job."""
+def check_store(store: App) -> Backend:
+    """The store opened once, here: an unreachable store fails at import, not at a job.
+
+    The backend is left with no connection open in this process, and is shared by every
+    process forked from it: each process opens its own connections on first use (the backends
+    never let a connection cross ``fork()``), so a host that forks a process per job (RQ's work
+    horse) neither opens nor checks the store again for every job.
+    """
     if not isinstance(store, App):
         raise ConfigurationError(f"the guard's store must be a jobguard.App, not {store!r}")
-    url = store.store_url  # worker processes open their own connections from it
+    url = store.store_url  # worker processes started anew open their own from it
     if url is None:
         raise ConfigurationError(
             "a guarded host task needs the store as a URL (jobguard.App(url)), not a backend "
@@ -136,24 +142,92 @@ def check_store(store: App) -> str:
         raise StoreUnavailableError(
             f"the jobguard store at {store.url} cannot be used: {exc}"
         ) from exc
-    return url
+    return backend
 
 
 def _ignore(_: object) -> None:
     """Nothing to count or free per delivery: the host keeps its own statistics."""
 
 
-class _Runtime:
-    """This process's connections, pipeline and heartbeat (made after any fork, per pid)."""
+class _Pending:
+    """One delivery's ending, waiting to be written with the others gathered meanwhile."""
 
-    def __init__(self, host: str, url: str, store: App, tasks: Mapping[str, Task]) -> None:
-        self.backend: Backend = open_backend(url)
+    __slots__ = ("ending", "error", "final", "inflight", "written")
+
+    def __init__(self, inflight: InFlight, ending: Ending) -> None:
+        self.inflight = inflight
+        self.ending = ending
+        self.final: Ending | None = None
+        self.error: BaseException | None = None
+        self.written = False
+
+    def result(self) -> Ending:
+        if self.error is not None:
+            raise self.error
+        assert self.final is not None
+        return self.final
+
+
+class Gathering:
+    """The endings of this process's deliveries written together (a group commit).
+
+    A delivery that ends while no ending is being written writes its own at once, as one
+    :meth:`Settler.settle`. One that ends while another's is being written waits for that
+    commit; then every ending gathered meanwhile is written in one settle, by the first of
+    them, and each waits for its own. A host that runs one delivery at a time per process
+    (Celery's prefork, RQ's work-horse) always writes alone; one that runs several threads
+    (Dramatiq) commits once for the deliveries that end together. No delivery returns to its
+    host before its ending is written, as before.
+    """
+
+    def __init__(self, settler: Settler) -> None:
+        self._settler = settler
+        self._turn = threading.Condition()
+        self._gathered: list[_Pending] = []
+        self._writing = False
+
+    def settle(self, inflight: InFlight, ending: Ending) -> Ending:
+        """Write one delivery's ending (with those gathered meanwhile); its final ending."""
+        mine = _Pending(inflight, ending)
+        with self._turn:
+            self._gathered.append(mine)
+            while self._writing and not mine.written:
+                self._turn.wait()
+            if mine.written:  # another delivery wrote it with its own
+                return mine.result()
+            self._writing = True
+            batch, self._gathered = self._gathered, []
+        try:
+            finals = self._settler.settle([(item.inflight, item.ending) for item in batch])
+            for item, final in zip(batch, finals, strict=True):
+                item.final = final
+        except BaseException as exc:  # a bug, or the host's time limit raised in this thread
+            for item in batch:
+                item.error = exc
+            raise
+        finally:
+            with self._turn:
+                for item in batch:
+                    item.written = True
+                self._writing = False
+                self._turn.notify_all()
+        return mine.result()
+
+
+class _Runtime:
+    """This process's pipeline and heartbeat (made after any fork, per pid) over the guard's
+    backend, whose connections are this process's own."""
+
+    def __init__(self, host: str, backend: Backend, store: App, tasks: Mapping[str, Task]) -> None:
+        self.backend = backend
         self.worker_id = f"{host}:{socket.gethostname()}:{os.getpid()}"
         self.pipeline = Pipeline(self.backend, tasks, self.worker_id, store.hooks)
-        # The worker's settler, used in the handler's thread: one ending per host delivery.
+        # The worker's settler, used in the handlers' threads: the endings of deliveries that
+        # end together are written in one settle.
         self.settler = Settler(
             self.backend, self.pipeline, store.hooks, counted=_ignore, done=_ignore
         )
+        self.endings = Gathering(self.settler)
         self._inflight: dict[str, InFlight] = {}
         self._lock = threading.Lock()
         self.heartbeat = Heartbeat(self.backend, self._snapshot, store.hooks)
@@ -191,7 +265,8 @@ class HostGuard:
     def __init__(self, host: str, store: App, *, max_hand_back_s: float) -> None:
         self.host = host
         self.store = store
-        self._url = check_store(store)
+        # Opened once in this process; every process forked from it shares the object.
+        self.backend = check_store(store)
         self.max_hand_back_s = max_hand_back_s
         self.tasks: dict[str, Task] = {}
         self._runtime: _Runtime | None = None
@@ -309,7 +384,7 @@ class HostGuard:
         if self._runtime is None or self._runtime_pid != pid:
             with self._runtime_lock:
                 if self._runtime is None or self._runtime_pid != pid:
-                    self._runtime = _Runtime(self.host, self._url, self.store, self.tasks)
+                    self._runtime = _Runtime(self.host, self.backend, self.store, self.tasks)
                     self._runtime_pid = pid
         return self._runtime
 
@@ -408,7 +483,7 @@ class HostGuard:
         jobs); the final ending becomes the host's verdict."""
         job_id = inflight.delivery.job_id
         ending = runtime.pipeline.run(inflight)
-        final = runtime.settler.settle([(inflight, ending)])[0]
+        final = runtime.endings.settle(inflight, ending)
         outcome = final.outcome
         if outcome in (Outcome.COMPLETED, Outcome.ALREADY_PROCESSED, Outcome.LEASE_REFUSED):
             # A refused lease: another delivery holds the job now, and its message finishes it.
