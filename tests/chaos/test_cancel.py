@@ -93,7 +93,7 @@ def test_a_job_cancelled_while_its_worker_is_stopped_is_not_run_by_the_next_work
     job = lapp.tasks[COOP].enqueue(n=2)
     with workers(start_worker(store_url, "w1", 1)) as (first,):
         wait_until(lambda: started(store_url)[job.id] == 1)
-        first.signal(signal.SIGSTOP)
+        first.pause_between_writes(store_url)  # a SQLite write lock would block the cancel
         lapp.cancel(job.id, actor="operator")
         first.signal(signal.SIGKILL)
         first.wait()

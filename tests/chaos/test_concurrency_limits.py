@@ -77,17 +77,22 @@ def test_no_more_than_the_limit_run_at_once_per_key_through_sigkills_and_no_job_
     qapp: App, store_url: str
 ) -> None:
     task = qapp.tasks[SLOTTED]
-    account_of = {
-        task.enqueue(account=account, sleep_s=SLEEP_S).id: account
-        for _ in range(JOBS_PER_ACCOUNT)
-        for account in ACCOUNTS
-    }
+    account_of: dict[int, int] = {}
+
+    def enqueue_half() -> None:
+        # Each kill round brings its own work, so a handler is running when the round looks
+        # for one, however long the workers took to start.
+        for _ in range(JOBS_PER_ACCOUNT // 2):
+            for account in ACCOUNTS:
+                account_of[task.enqueue(account=account, sleep_s=SLEEP_S).id] = account
+
     killed_at: dict[int, float] = {}
     procs = [start(store_url, f"w{n}") for n in range(4)]
     spares: list[WorkerProcess] = []
     with workers(*procs):
         try:
             for round_ in range(2):
+                enqueue_half()
                 # A worker killed while one of its handlers holds a slot: only the TTL frees it.
                 live = [p for p in procs + spares if p.pid not in killed_at]
                 found: list[WorkerProcess] = []
