@@ -63,7 +63,7 @@ def paused_after(
     """Pause ``store``'s transactions after ``statement`` until ``go`` is set."""
     paused, go = threading.Event(), threading.Event()
     make_tx = store.driver._tx
-    store.driver._tx = lambda *args: _PausingTx(make_tx(*args), statement, paused, go)  # type: ignore[method-assign,assignment]
+    store.driver._tx = lambda conn: _PausingTx(make_tx(conn), statement, paused, go)  # type: ignore[method-assign,assignment]
     try:
         yield paused, go
     finally:

@@ -51,7 +51,6 @@ _RAW = load_queries("jobguard.backends.postgres")
 # The server aborted the transaction on its own; nothing of it committed, so it is run again.
 _RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
 _RETRIES = 5
-_IN_TRANSACTION = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 # Every connection jobguard opens notices a dead peer or a network that stopped answering in
 # seconds, not at the kernel's defaults (hours for an idle socket, ~15 minutes for unanswered
 # data): TCP keepalives probe an idle connection, tcp_user_timeout bounds unacknowledged data,
@@ -107,46 +106,26 @@ class PostgresTx(NamedStatements):
         queries: Mapping[str, str],
         clock: Callable[[], float] | None,
         server_clock: ServerClock,
-        pipe: psycopg.Pipeline | None = None,
     ) -> None:
         self._conn = conn
         self._queries = queries
         self._clock = clock
         self._server_clock = server_clock
-        self._pipe = pipe
 
     @property
     def connection(self) -> psycopg.Connection[Any] | LoopBridge:
         """The psycopg connection of this transaction (bridged, for an asyncio caller's)."""
         return self._conn
 
-    def _send(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
+    def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
         if "items" in params:  # lists of records travel as one jsonb (jsonb_to_recordset)
             params = {**params, "items": Jsonb(params["items"])}
         cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
         return cursor.execute(self._queries[name], params)
 
-    def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
-        cursor = self._send(name, params)
-        if self._pipe is not None:
-            # One round trip for what was queued before it too (their errors surface here);
-            # a Sync, not a flush, so the transaction's state is known after it.
-            self._pipe.sync()
-        return cursor
-
-    def queue(self, name: str, params: Mapping[str, Any]) -> None:
-        """Run a named statement whose result is not needed. In a write it is only sent: it
-        travels with the next statement, or with the commit, and its error surfaces there."""
-        if self._pipe is None:
-            self.run(name, params)
-        else:
-            self._send(name, params)
-
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A nested unit (a savepoint) rolled back alone if the block raises."""
-        if self._pipe is not None:
-            self._pipe.sync()  # the server's transaction state known: this is a nested unit
         with self._conn.transaction():
             yield
 
@@ -302,11 +281,11 @@ class StepConnection:
         self._check(query)
         cursor = self._conn.cursor(row_factory=tuple_row)
         try:
-            # In pipeline mode the server runs one statement of the text (the extended
-            # protocol), and the pipeline's own Sync on leaving makes it one round trip: its
-            # rows, or its error raised here, at the statement that failed.
-            with self._conn.pipeline():
+            if parameters:  # sent with the extended protocol: the server runs one statement
                 cursor.execute(query, parameters)
+            else:  # psycopg would use the simple protocol, which runs several: force one
+                with self._conn.pipeline():
+                    cursor.execute(query, parameters)
         except psycopg.Error as exc:
             raise step_error(exc) from exc
         self._after()
@@ -323,21 +302,6 @@ class StepConnection:
             raise step_error(exc) from exc
         self._after()
         return cursor
-
-
-class _Commit:
-    """The COMMIT of one write, once sent: whether an error that followed may have come after
-    it landed."""
-
-    cursor: psycopg.Cursor[Any] | None = None
-
-    def may_have_landed(self, exc: psycopg.Error) -> bool:
-        """Not if COMMIT was never sent, nor if the server answered a statement sent before it
-        (or COMMIT itself) with an error while COMMIT's own reply never came: in a pipeline the
-        server skips everything after an error up to the Sync, COMMIT included."""
-        if self.cursor is None:
-            return False
-        return exc.sqlstate is None or self.cursor.pgresult is not None
 
 
 class PostgresDriver:
@@ -426,10 +390,8 @@ class PostgresDriver:
                     self._pid = pid
         return self._pool
 
-    def _tx(
-        self, conn: psycopg.Connection[Any] | LoopBridge, pipe: psycopg.Pipeline | None = None
-    ) -> PostgresTx:
-        return PostgresTx(conn, self._queries, self._clock, self._server_clock, pipe)
+    def _tx(self, conn: psycopg.Connection[Any] | LoopBridge) -> PostgresTx:
+        return PostgresTx(conn, self._queries, self._clock, self._server_clock)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` in one transaction; retried if the server aborted it (deadlock), and once
@@ -437,10 +399,12 @@ class PostgresDriver:
         nothing of it committed, so it is run again instead of left to a lease."""
         fresh = False
         for attempt in range(_RETRIES):
-            commit = _Commit()
+            committing = False
             try:
-                with self._writing(fresh=fresh) as conn:
-                    return self._pipelined(conn, fn, commit)
+                with self._writing(fresh=fresh) as conn, conn.transaction():
+                    result = fn(self._tx(conn))
+                    committing = True  # from here an error may come after the commit landed
+                return result
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
             except _RETRYABLE as exc:
@@ -448,36 +412,11 @@ class PostgresDriver:
                     raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
                 time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
             except psycopg.Error as exc:  # the pool's own errors (a timeout) included
-                if not fresh and not commit.may_have_landed(exc) and connection_broke(exc):
+                if not fresh and not committing and connection_broke(exc):
                     fresh = True
                     continue
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _pipelined(
-        self, conn: psycopg.Connection[Any], fn: Callable[[PostgresTx], T], commit: _Commit
-    ) -> T:
-        """``fn`` in one transaction in pipeline mode: BEGIN travels with its first statement,
-        and COMMIT with what it queued last, under one Sync. If ``fn`` raises, the transaction
-        is rolled back and the error goes on."""
-        try:
-            with conn.pipeline() as pipe:
-                conn.execute("BEGIN")
-                try:
-                    result = fn(self._tx(conn, pipe))
-                except BaseException:
-                    with suppress(psycopg.Error):  # skipped if the transaction failed already
-                        conn.execute("ROLLBACK")
-                        pipe.sync()
-                    raise
-                commit.cursor = conn.cursor()  # before it is sent: an error may follow it
-                commit.cursor.execute("COMMIT")
-        except BaseException:
-            if not conn.closed and conn.info.transaction_status in _IN_TRANSACTION:
-                with suppress(psycopg.Error):
-                    conn.rollback()
-            raise
-        return result
 
     def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Any]:
         """One named write on a pooled autocommit connection; see the driver seam."""

@@ -39,11 +39,6 @@ class Tx(Protocol):
     def run(self, name: str, params: Params) -> int:
         """Run a named statement; how many rows it changed."""
 
-    def queue(self, name: str, params: Params) -> None:
-        """Run a named statement whose result is not needed. A driver may send it without
-        waiting (PostgreSQL's pipeline): it then travels with the next statement or the
-        commit, and its error is raised there, still inside the transaction."""
-
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested unit: rolled back alone if the block raises (the error goes on)."""
 
@@ -142,7 +137,3 @@ class NamedStatements:
     def run(self, name: str, params: Params) -> int:
         """Rows changed by a named statement."""
         return int(self._execute(name, params).rowcount)
-
-    def queue(self, name: str, params: Params) -> None:
-        """A named statement whose result is not needed (here: run at once)."""
-        self.run(name, params)

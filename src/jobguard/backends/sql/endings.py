@@ -221,13 +221,13 @@ class EndingWrites:
             raise _RedoCarefully()  # proven by settle_jobs a moment ago: a claim taken since
         dropping = [item for ending in done if (item := _operation_item(ending)) is not None]
         if dropping:
-            tx.queue("release_operations", {"items": dropping, "now": now})
+            tx.run("release_operations", {"items": dropping, "now": now})
         closing = [_attempt_item(e) for e in done if e.outcome not in REFUSED_OUTCOMES]
         if closing:
-            tx.queue("close_attempts", {"items": closing, "now": now})
+            tx.run("close_attempts", {"items": closing, "now": now})
         marking = [_mark_item(e) for e in endings if e.outcome in REFUSED_OUTCOMES]
         if marking:
-            tx.queue("mark_attempts", {"items": marking, "now": now})
+            tx.run("mark_attempts", {"items": marking, "now": now})
         return refused
 
 

@@ -71,10 +71,9 @@ def verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None)
     return state
 
 
-def release_locks(tx: Tx, guards: Sequence[Guard]) -> None:
+def release_locks(tx: Tx, guards: Sequence[Guard]) -> int:
     """Free the locks and the slots these guards hold, where each owner still holds them (lock
-    rows first, then slot rows: the order a begin takes them in). Queued: nothing waits for
-    what they freed."""
+    rows first, then slot rows: the order a begin takes them in)."""
     locks = [
         {"resource": guard.lock.resource, "owner": guard.lock.owner}
         for guard in guards
@@ -85,10 +84,8 @@ def release_locks(tx: Tx, guards: Sequence[Guard]) -> None:
         for guard in guards
         if guard.slot is not None
     ]
-    if locks:
-        tx.queue("release_locks", {"items": locks})
-    if slots:
-        tx.queue("release_slots", {"items": slots})
+    freed = tx.run("release_locks", {"items": locks}) if locks else 0
+    return freed + (tx.run("release_slots", {"items": slots}) if slots else 0)
 
 
 def _give_back(tx: Tx, guards: Sequence[Guard], *, marked: bool) -> None:
@@ -407,7 +404,7 @@ class Proofs:
             "fence": fence_of(guard),
             "now": now,
         }
-        tx.queue("insert_step", params)  # its error, if any, is raised by the commit
+        tx.run("insert_step", params)
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
         """Record a completed step (one transaction, guarded)."""
