@@ -1,4 +1,5 @@
-"""The job page's Cancel button clicked in a real headless Chromium (#17)."""
+"""The job page's Cancel button clicked in a real headless Chromium (#17). The screenshot of
+the job page with its Cancel button in ``docs/dashboard.md`` is taken here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.observability.conftest import Served, serve_dashboard
 from tests.observability.test_dashboard_browser import (  # noqa: F401 - the browser fixture
     TOKEN,
     browser,
+    images,
     pytestmark,
     submit,
     text_of,
@@ -24,6 +26,7 @@ def test_an_operator_cancels_a_scheduled_job_from_its_page(
     db_path: Path,
     served: list[Served],
     browser: WebDriver,  # noqa: F811
+    images: Path,  # noqa: F811
 ) -> None:
     url = f"sqlite:///{db_path}"  # one backend: the HTTP tests cover the route on both
     app: App = make_app(url)
@@ -34,6 +37,8 @@ def test_an_operator_cancels_a_scheduled_job_from_its_page(
     submit(browser, "login")
     browser.get(f"{base}/jobs/{job.id}")
     assert text_of(browser, "#job-status") == "queued"
+    images.mkdir(exist_ok=True)
+    browser.save_screenshot(str(images / "dashboard-job-cancel.png"))
 
     submit(browser, "cancel")
     assert browser.current_url == f"{base}/jobs/{job.id}?notice=cancelled"

@@ -1,4 +1,5 @@
-"""The overview's Pause/Resume button clicked in a real headless Chromium (#17)."""
+"""The overview's Pause/Resume button clicked in a real headless Chromium (#17). The screenshot
+of a paused queue on the overview in ``docs/dashboard.md`` is taken here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.observability.conftest import Served, start_cli
 from tests.observability.test_dashboard_browser import (  # noqa: F401 - the browser fixture
     TOKEN,
     browser,
+    images,
     pytestmark,
     submit,
     text_of,
@@ -24,6 +26,7 @@ def test_an_operator_pauses_and_resumes_a_queue_from_the_overview(
     db_path: Path,
     served: list[Served],
     browser: WebDriver,  # noqa: F811
+    images: Path,  # noqa: F811
 ) -> None:
     url = f"sqlite:///{db_path}"  # one backend: the HTTP tests cover the routes on both
     app: App = make_app(url)
@@ -42,6 +45,8 @@ def test_an_operator_pauses_and_resumes_a_queue_from_the_overview(
     assert browser.current_url == f"{base}/?notice=paused"
     assert text_of(browser, "#notice") == "Queue paused."
     assert text_of(browser, "#queue-default .state").startswith("paused")
+    images.mkdir(exist_ok=True)
+    browser.save_screenshot(str(images / "dashboard-queue-paused.png"))
     held = app.enqueue("hold", {"n": 1})  # lands while paused, and waits
     app.worker(install_signal_handlers=False).run(burst=True)
     assert [app.get_job(j.id).status for j in (first, held)] == [JobStatus.QUEUED] * 2
