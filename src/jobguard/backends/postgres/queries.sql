@@ -361,8 +361,24 @@ WHERE o.key = item.key AND o.owner_lease = item.owner_lease AND o.status = 'proc
 SELECT name, result FROM {schema}.steps WHERE operation_key = %(key)s;
 
 -- name: insert_step
+-- A step recorded only while every proof still holds, checked again as it is written, just
+-- before its transaction commits: the lease current, no newer fence on the resource's lock (the
+-- lock row held FOR SHARE until COMMIT, so a takeover's grant, which raises the fence, waits for
+-- this transaction) nor on the concurrency slot, the operation's claim held by this lease.
+-- Inserts nothing when one fails (the caller reads which, and rolls back).
 INSERT INTO {schema}.steps (operation_key, name, result, fence, created_at)
-VALUES (%(key)s, %(name)s, %(result)s, %(fence)s, %(now)s);
+SELECT %(key)s, %(name)s, %(result)s, %(fence)s, %(now)s
+WHERE EXISTS (SELECT 1 FROM {schema}.jobs
+              WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running')
+  AND (%(resource)s::text IS NULL
+       OR coalesce((SELECT fence FROM {schema}.locks WHERE resource = %(resource)s::text
+                    FOR SHARE), 0) <= %(fence)s::bigint)
+  AND (%(slot_key)s::text IS NULL
+       OR coalesce((SELECT fence FROM {schema}.slots
+                    WHERE key = %(slot_key)s::text AND slot = %(slot)s::integer), 0)
+          <= %(slot_fence)s::bigint)
+  AND EXISTS (SELECT 1 FROM {schema}.operations
+              WHERE key = %(key)s AND owner_lease = %(lease_token)s);
 
 -- name: lease_holder_alive
 -- Is the operation's current claimant still alive (its lease unexpired)?

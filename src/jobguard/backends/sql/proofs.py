@@ -403,8 +403,17 @@ class Proofs:
             "result": result_json,
             "fence": fence_of(guard),
             "now": now,
+            "job_id": guard.job_id,
+            "lease_token": guard.lease_token,
+            "resource": guard.lock.resource if guard.lock else None,
+            **slot_proof(guard),
         }
-        tx.run("insert_step", params)
+        if tx.run("insert_step", params) == 0:
+            # A proof failed after the check before the step's work: a lock or slot granted
+            # anew (this holder's TTL ran out) while the step ran. Name it; the caller's
+            # transaction, the step's own writes with it, rolls back.
+            verify(tx, guard, key)
+            raise messages.stale_lease(guard.job_id, guard.lease_token, "record a step")
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
         """Record a completed step (one transaction, guarded)."""

@@ -404,8 +404,20 @@ WHERE operations.key = item.key AND operations.owner_lease = item.owner_lease
 SELECT name, result FROM steps WHERE operation_key = :key;
 
 -- name: insert_step
+-- A step recorded only while every proof still holds, checked again as it is written (as on
+-- PostgreSQL; here the write transaction already excludes every other writer): the lease
+-- current, no newer fence on the lock nor on the slot, the claim held by this lease. Inserts
+-- nothing when one fails (the caller reads which, and rolls back).
 INSERT INTO steps (operation_key, name, result, fence, created_at)
-VALUES (:key, :name, :result, :fence, :now);
+SELECT :key, :name, :result, :fence, :now
+WHERE EXISTS (SELECT 1 FROM jobs
+              WHERE id = :job_id AND lease_token = :lease_token AND status = 'running')
+  AND (:resource IS NULL
+       OR coalesce((SELECT fence FROM locks WHERE resource = :resource), 0) <= :fence)
+  AND (:slot_key IS NULL
+       OR coalesce((SELECT fence FROM slots WHERE key = :slot_key AND slot = :slot), 0)
+          <= :slot_fence)
+  AND EXISTS (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token);
 
 -- name: lease_holder_alive
 -- Is the operation's current claimant still alive (its lease unexpired)?
