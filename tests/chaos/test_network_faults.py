@@ -148,9 +148,9 @@ def test_an_ack_whose_connection_is_reset_in_its_transaction_is_written_on_a_new
     Two paths redo it, either one enough: the driver's run again on a new connection, and the
     settle's own pass item by item after its set statements failed."""
     schema = parse_qs(urlsplit(pg_url).query)["schema"][0]
-    settle = render_queries(schema)["settle_jobs"]
-    # Its first lines, past the comment: "UPDATE <schema>.jobs AS j SET status = item.status".
-    marker = settle[settle.index("UPDATE") :].split(",")[0].encode()
+    settle = render_queries(schema)["settle_set"]
+    # A line of the settle's one statement, past its comment: "moved AS (".
+    marker = settle[settle.index("moved AS (") :].split("\n")[0].encode()
     with workers(spawn_worker(proxy.url_for(pg_url), APP_MODULE, worker_id="A")) as (worker,):
         worker.wait_ready()
         job = napp.tasks[RUN_ONCE].enqueue()

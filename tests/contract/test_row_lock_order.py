@@ -115,7 +115,7 @@ def test_a_fetch_beginning_and_a_finish_take_lock_rows_before_operation_rows(url
         results = _race(
             lambda: finishing.settle(acks),
             finishing,
-            "complete_operations",
+            "settle_set",  # the finish's one statement: every row it writes is taken by then
             lambda: fetching.fetch_prepared(["b"], 10, "w2", rules_for("tests.keyed")),
         )
         assert _deadlocks(url) == before
@@ -127,6 +127,33 @@ def test_a_fetch_beginning_and_a_finish_take_lock_rows_before_operation_rows(url
         assert begun["dock:1"].grant is not None
         assert begun["op:1"] is not None
         assert begun["op:1"].operation is not None
+    finally:
+        finishing.close()
+        fetching.close()
+
+
+def test_a_finish_waiting_for_a_lock_row_a_begin_holds_has_not_taken_its_operation_row(
+    url: str,
+) -> None:
+    """The other way round: a fetch's begin holds the lock row (its grant looked at it) when a
+    finish of the lock's and the operation's holders starts; the finish must wait there, before
+    the operation row, which the begin takes next."""
+    finishing, fetching = PostgresBackend(url), PostgresBackend(url)
+    try:
+        finishing.enqueue_many([keyed_spec("a", "dock:1", None), keyed_spec("a", None, "op:1")])
+        held = finishing.fetch_prepared(["a"], 10, "w1", rules_for("tests.keyed"))
+        acks = [_ack(item) for item in held]
+        fetching.enqueue_many([keyed_spec("b", "dock:1", None), keyed_spec("b", None, "op:1")])
+        before = _deadlocks(url)
+        results = _race(
+            lambda: fetching.fetch_prepared(["b"], 10, "w2", rules_for("tests.keyed")),
+            fetching,
+            "grant_locks",
+            lambda: finishing.settle(acks),
+        )
+        assert _deadlocks(url) == before
+        assert results["second"] == [None, None]
+        assert len(results["first"]) == 2
     finally:
         finishing.close()
         fetching.close()

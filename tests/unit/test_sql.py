@@ -44,6 +44,11 @@ def test_an_empty_query_is_refused() -> None:
 
 
 DRIVERS = ["jobguard.backends.sqlite", "jobguard.backends.postgres"]
+DIALECT_ONLY = {
+    "settle_set": "postgres",
+    **{name: "sqlite" for name in ("settle_jobs", "complete_operations", "release_operations")},
+    "close_attempts": "sqlite",
+}
 
 
 @pytest.mark.parametrize("package", DRIVERS)
@@ -56,7 +61,10 @@ def test_every_query_the_store_uses_is_defined_and_every_defined_one_is_used(pac
     used = set(re.findall(r'(?:one|all|run|_read_all)\(\s*"([a-z_0-9]+)"', source))
     # Names also travel as plain strings (``query="retry_job"``); any mention counts as a use.
     mentioned = set(re.findall(r'"([a-z_0-9]+)"', source))
-    assert used - defined == set()
+    # Statements only one dialect can write in one piece (SQLite has no writes inside WITH);
+    # the store chooses them by the driver's dialect.
+    only = {name for name, dialect in DIALECT_ONLY.items() if not package.endswith(dialect)}
+    assert used - defined - only == set()
     assert defined - mentioned == set()
 
 

@@ -101,73 +101,108 @@ FROM jsonb_to_recordset(%(items)s::jsonb)
 WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
 RETURNING j.id, j.lease_token, j.cancel_requested_by;
 
--- name: settle_jobs
--- How deliveries end, many at once (%(items)s: job_id, lease_token, resource, fence, slot_key,
--- slot, slot_fence, key, status, delay_s, uncharge, deferral, set_error, last_error,
--- set_signature, error_signature, same_error_count, code, reason), each only with every proof in
--- place: the lease, and for a success the newest fence of its lock (resource, fence) and of its
--- concurrency slot (slot_key, slot, slot_fence) and the operation's claim (key).
--- status 'completed' finishes the job, 'dead' buries it, 'queued' requeues it after delay_s
--- (NULL: now, keeping its run_at); uncharge hands the attempt back. Returns the ids it moved.
-UPDATE {schema}.jobs AS j
-SET status = item.status,
-    available_at = CASE WHEN item.status = 'queued'
-                        THEN %(now)s + coalesce(item.delay_s, 0) END,
-    run_at = CASE WHEN item.delay_s IS NULL THEN j.run_at ELSE %(now)s + item.delay_s END,
-    lease_token = NULL,
-    finished_at = CASE WHEN item.status = 'queued' THEN j.finished_at ELSE %(now)s END,
-    attempts = j.attempts - item.uncharge,
-    deferrals = j.deferrals + item.deferral,
-    last_error = CASE WHEN item.set_error THEN item.last_error ELSE j.last_error END,
-    error_signature = CASE WHEN item.set_signature THEN item.error_signature
-                           ELSE j.error_signature END,
-    same_error_count = CASE WHEN item.set_signature THEN item.same_error_count
-                            ELSE j.same_error_count END,
-    dead_code = CASE WHEN item.status = 'dead' THEN item.code ELSE j.dead_code END,
-    dead_reason = CASE WHEN item.status = 'dead' THEN item.reason ELSE j.dead_reason END
-FROM jsonb_to_recordset(%(items)s::jsonb)
-     AS item(job_id bigint, lease_token text, resource text, fence bigint, slot_key text,
-             slot integer, slot_fence bigint, key text, status text,
-             delay_s float8, uncharge integer, deferral integer, set_error boolean,
-             last_error text, set_signature boolean, error_signature text,
-             same_error_count integer, code text, reason text)
-WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
-  AND (item.resource IS NULL
-       OR NOT EXISTS (SELECT 1 FROM {schema}.locks AS l
-                      WHERE l.resource = item.resource AND l.fence > item.fence))
-  AND (item.slot_key IS NULL
-       OR NOT EXISTS (SELECT 1 FROM {schema}.slots AS s
-                      WHERE s.key = item.slot_key AND s.slot = item.slot
-                        AND s.fence > item.slot_fence))
-  AND (item.key IS NULL
-       OR EXISTS (SELECT 1 FROM {schema}.operations AS o
-                  WHERE o.key = item.key AND o.owner_lease = item.lease_token))
-RETURNING j.id;
-
--- name: complete_operations
--- The operations of finished deliveries completed, where the delivery still holds the claim
--- (%(items)s: key, owner_lease, result, external_ref, fence).
-UPDATE {schema}.operations AS o
-SET status = 'completed', result = item.result, external_ref = item.external_ref,
-    fence = item.fence, owner_lease = NULL, updated_at = %(now)s, completed_at = %(now)s,
-    last_error = NULL
-FROM jsonb_to_recordset(%(items)s::jsonb)
-     AS item(key text, owner_lease text, result text, external_ref text, fence bigint)
-WHERE o.key = item.key AND o.owner_lease = item.owner_lease AND o.status = 'processing';
-
--- name: close_attempts
--- The attempts of ended deliveries closed (%(items)s: attempt_id, outcome, duration_s,
--- error_type, error_message, traceback, lock_owner, fence, steps_run, steps_skipped).
-UPDATE {schema}.attempts AS a
-SET outcome = item.outcome, ended_at = %(now)s, duration_s = item.duration_s,
-    error_type = item.error_type, error_message = item.error_message, traceback = item.traceback,
-    lock_owner = item.lock_owner, fence = item.fence, steps_run = item.steps_run,
-    steps_skipped = item.steps_skipped
-FROM jsonb_to_recordset(%(items)s::jsonb)
-     AS item(attempt_id bigint, outcome text, duration_s float8, error_type text,
-             error_message text, traceback text, lock_owner text, fence bigint,
-             steps_run integer, steps_skipped integer)
-WHERE a.id = item.attempt_id;
+-- name: settle_set
+-- How deliveries end, many at once, in one statement for the batch (SQLite, which cannot write
+-- inside WITH, runs settle_jobs and the statements after it instead). Each item (%(items)s)
+-- moves its job only with every proof in place: the lease, and for a success the newest fence
+-- of its lock (resource, fence) and of its concurrency slot (slot_key, slot, slot_fence) and
+-- the operation's claim (key). status 'completed' finishes the job, 'dead' buries it, 'queued'
+-- requeues it after delay_s (NULL: now, keeping its run_at); uncharge hands the attempt back.
+-- Only an item whose job moved then frees its lock (lock_resource, lock_owner) and slot
+-- (slot_key_held, slot_held, slot_owner), moves its operation (op_key: to op_status, a success
+-- with result, external_ref, op_fence; a dropped claim keeping its last error unless op_error)
+-- and, with close, closes its attempt row. Rows are taken in the order a fetch's begin takes
+-- them: jobs, locks, slots, operations (each waits, through an uncorrelated sub-query, for the
+-- one before to finish), then attempts. Returns the moved job ids and how many operations it
+-- completed.
+WITH item AS (
+         SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
+             AS item(job_id bigint, lease_token text, resource text, fence bigint,
+                     slot_key text, slot integer, slot_fence bigint, key text, status text,
+                     delay_s float8, uncharge integer, deferral integer, set_error boolean,
+                     last_error text, set_signature boolean, error_signature text,
+                     same_error_count integer, code text, reason text,
+                     lock_resource text, lock_owner text,
+                     slot_key_held text, slot_held integer, slot_owner text,
+                     op_key text, op_status text, result text, external_ref text,
+                     op_fence bigint, op_error text,
+                     close boolean, attempt_id bigint, outcome text, duration_s float8,
+                     error_type text, error_message text, traceback text,
+                     att_lock_owner text, att_fence bigint, steps_run integer,
+                     steps_skipped integer)),
+     moved AS (
+         UPDATE {schema}.jobs AS j
+         SET status = item.status,
+             available_at = CASE WHEN item.status = 'queued'
+                                 THEN %(now)s + coalesce(item.delay_s, 0) END,
+             run_at = CASE WHEN item.delay_s IS NULL THEN j.run_at
+                           ELSE %(now)s + item.delay_s END,
+             lease_token = NULL,
+             finished_at = CASE WHEN item.status = 'queued' THEN j.finished_at ELSE %(now)s END,
+             attempts = j.attempts - item.uncharge,
+             deferrals = j.deferrals + item.deferral,
+             last_error = CASE WHEN item.set_error THEN item.last_error ELSE j.last_error END,
+             error_signature = CASE WHEN item.set_signature THEN item.error_signature
+                                    ELSE j.error_signature END,
+             same_error_count = CASE WHEN item.set_signature THEN item.same_error_count
+                                     ELSE j.same_error_count END,
+             dead_code = CASE WHEN item.status = 'dead' THEN item.code ELSE j.dead_code END,
+             dead_reason = CASE WHEN item.status = 'dead' THEN item.reason ELSE j.dead_reason END
+         FROM item
+         WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
+           AND (item.resource IS NULL
+                OR NOT EXISTS (SELECT 1 FROM {schema}.locks AS l
+                               WHERE l.resource = item.resource AND l.fence > item.fence))
+           AND (item.slot_key IS NULL
+                OR NOT EXISTS (SELECT 1 FROM {schema}.slots AS s
+                               WHERE s.key = item.slot_key AND s.slot = item.slot
+                                 AND s.fence > item.slot_fence))
+           AND (item.key IS NULL
+                OR EXISTS (SELECT 1 FROM {schema}.operations AS o
+                           WHERE o.key = item.key AND o.owner_lease = item.lease_token))
+         RETURNING j.id),
+     done AS (SELECT item.* FROM item JOIN moved ON moved.id = item.job_id),
+     freed_locks AS (
+         UPDATE {schema}.locks AS l SET owner = NULL, expires_at = NULL
+         FROM done
+         WHERE l.resource = done.lock_resource AND l.owner = done.lock_owner
+         RETURNING l.resource),
+     freed_slots AS (
+         UPDATE {schema}.slots AS s SET owner = NULL, expires_at = NULL
+         FROM done
+         WHERE (SELECT count(*) FROM freed_locks) >= 0
+           AND s.key = done.slot_key_held AND s.slot = done.slot_held AND s.owner = done.slot_owner
+         RETURNING s.key),
+     operated AS (
+         UPDATE {schema}.operations AS o
+         SET status = done.op_status,
+             result = CASE WHEN done.op_status = 'completed' THEN done.result ELSE o.result END,
+             external_ref = CASE WHEN done.op_status = 'completed' THEN done.external_ref
+                                 ELSE o.external_ref END,
+             fence = CASE WHEN done.op_status = 'completed' THEN done.op_fence ELSE o.fence END,
+             completed_at = CASE WHEN done.op_status = 'completed' THEN %(now)s
+                                 ELSE o.completed_at END,
+             last_error = CASE WHEN done.op_status = 'completed' THEN NULL
+                               ELSE coalesce(done.op_error, o.last_error) END,
+             owner_lease = NULL, updated_at = %(now)s
+         FROM done
+         WHERE (SELECT count(*) FROM freed_slots) >= 0
+           AND o.key = done.op_key AND o.owner_lease = done.lease_token
+           AND o.status = 'processing'
+         RETURNING o.status),
+     closed AS (
+         UPDATE {schema}.attempts AS a
+         SET outcome = done.outcome, ended_at = %(now)s, duration_s = done.duration_s,
+             error_type = done.error_type, error_message = done.error_message,
+             traceback = done.traceback, lock_owner = done.att_lock_owner,
+             fence = done.att_fence, steps_run = done.steps_run,
+             steps_skipped = done.steps_skipped
+         FROM done
+         WHERE done.close AND a.id = done.attempt_id
+         RETURNING a.id)
+SELECT (SELECT coalesce(array_agg(id), '{{}}') FROM moved) AS moved,
+       (SELECT count(*) FROM operated WHERE status = 'completed') AS completed,
+       (SELECT count(*) FROM closed) AS closed;
 
 -- name: mark_attempts
 -- Record on stale deliveries' own attempt rows that their writes were refused (diagnostics
@@ -345,17 +380,6 @@ SET status = 'processing', owner_lease = %(owner_lease)s, attempts = attempts + 
     updated_at = %(now)s
 WHERE key = %(key)s AND status != 'completed'
 RETURNING *;
-
--- name: release_operations
--- The claims of ended deliveries dropped (%(items)s: key, owner_lease, status, last_error): a
--- retry leaves its operation 'processing', a burial marks it 'failed', a release only unclaims
--- it (last_error NULL keeps the one recorded).
-UPDATE {schema}.operations AS o
-SET status = item.status, owner_lease = NULL, last_error = coalesce(item.last_error, o.last_error),
-    updated_at = %(now)s
-FROM jsonb_to_recordset(%(items)s::jsonb)
-     AS item(key text, owner_lease text, status text, last_error text)
-WHERE o.key = item.key AND o.owner_lease = item.owner_lease AND o.status = 'processing';
 
 -- name: steps_of_operation
 SELECT name, result FROM {schema}.steps WHERE operation_key = %(key)s;

@@ -1,9 +1,11 @@
-"""Settling: how deliveries end, written as a set (one statement per table touched).
+"""Settling: how deliveries end, written as a set.
 
 Every ending (a success, a retry, a deferral, a burial, a release, a refusal) is one item of
 one batch: the jobs are moved where every proof holds, then their locks and slots released,
-operations completed or unclaimed, and attempts closed (or, for a refusal, marked). Decisions
-arrive made; this module only writes them and says which items it could not.
+operations completed or unclaimed, and attempts closed (or, for a refusal, marked). On
+PostgreSQL all of that is one statement for the batch (``settle_set``); SQLite, which cannot
+write inside ``WITH``, runs one statement per table touched. Decisions arrive made; this module
+only writes them and says which items it could not.
 """
 
 from __future__ import annotations
@@ -113,6 +115,45 @@ def _attempt_item(ending: Ending) -> dict[str, Any]:
     }
 
 
+def _set_item(ending: Ending) -> dict[str, Any]:
+    """One item of ``settle_set``: the job's move and, should it move, all that follows it."""
+    guard = ending.guard
+    claim = _claim_of(ending)
+    dropping = _operation_item(ending)
+    item = _job_item(ending)
+    item.update(
+        lock_resource=guard.lock.resource if guard.lock else None,
+        lock_owner=guard.lock.owner if guard.lock else None,
+        slot_key_held=guard.slot.resource if guard.slot else None,
+        slot_held=guard.slot.slot if guard.slot else None,
+        slot_owner=guard.slot.owner if guard.slot else None,
+        op_key=claim if claim is not None else (dropping["key"] if dropping else None),
+        op_status=OperationStatus.COMPLETED.value
+        if claim is not None
+        else (dropping["status"] if dropping else None),
+        result=ending.result_json if claim is not None else None,
+        external_ref=ending.external_ref if claim is not None else None,
+        op_fence=fence_of(guard) if claim is not None else None,
+        op_error=dropping["last_error"] if dropping and claim is None else None,
+    )
+    closing = ending.outcome not in REFUSED_OUTCOMES
+    attempt = _attempt_item(ending)
+    item.update(
+        close=closing,
+        attempt_id=attempt["attempt_id"],
+        outcome=attempt["outcome"],
+        duration_s=attempt["duration_s"],
+        error_type=attempt["error_type"],
+        error_message=attempt["error_message"],
+        traceback=attempt["traceback"],
+        att_lock_owner=attempt["lock_owner"],
+        att_fence=attempt["fence"],
+        steps_run=attempt["steps_run"],
+        steps_skipped=attempt["steps_skipped"],
+    )
+    return item
+
+
 def _mark_item(ending: Ending) -> dict[str, Any]:
     refused_by = "LeaseLostError" if ending.outcome == Outcome.LEASE_REFUSED else "StaleFenceError"
     return {
@@ -188,18 +229,18 @@ class EndingWrites:
             # Two deliveries of one job (a stale lease and the current one): what settle_jobs
             # returns (job ids) cannot tell them apart, so the careful path takes them in turn.
             raise _RedoCarefully()
+        if self.driver.dialect == "postgres":
+            moved = self._set_in_one(tx, moving, now)
+            refused = self._refusals(tx, endings, moved)
+            self._mark(tx, endings, now)
+            return refused
         items = [_job_item(ending) for ending in moving]
         moved = (
             {row["id"] for row in tx.all("settle_jobs", {"items": items, "now": now})}
             if items
             else set()
         )
-        refused: list[JobGuardError | None] = []
-        for ending in endings:
-            if ending.outcome in REFUSED_OUTCOMES or ending.guard.job_id in moved:
-                refused.append(None)
-            else:
-                refused.append(_refusal(tx, ending))
+        refused = self._refusals(tx, endings, moved)
         done = [ending for ending in moving if ending.guard.job_id in moved]
         # Lock rows before operation rows, as a fetch's begin takes them: two workers, one
         # settling and one beginning, never wait for each other in opposite orders.
@@ -225,10 +266,40 @@ class EndingWrites:
         closing = [_attempt_item(e) for e in done if e.outcome not in REFUSED_OUTCOMES]
         if closing:
             tx.run("close_attempts", {"items": closing, "now": now})
+        self._mark(tx, endings, now)
+        return refused
+
+    @staticmethod
+    def _set_in_one(tx: Tx, moving: Sequence[Ending], now: float) -> set[int]:
+        """What :meth:`_set` writes for ``moving``, in one statement (``settle_set``): returns
+        the ids of the jobs it moved."""
+        if not moving:
+            return set()
+        items = [_set_item(ending) for ending in moving]
+        row = tx.one("settle_set", {"items": items, "now": now})
+        assert row is not None  # a SELECT of sub-queries always returns its one row
+        moved = set(row["moved"])
+        completing = sum(1 for e in moving if e.guard.job_id in moved and _claim_of(e) is not None)
+        if row["completed"] != completing:
+            raise _RedoCarefully()  # proven in the same statement: a claim taken since
+        return moved
+
+    @staticmethod
+    def _refusals(tx: Tx, endings: Sequence[Ending], moved: set[int]) -> list[JobGuardError | None]:
+        """Each ending's refusal: ``None`` where its job moved (or it was a refusal itself)."""
+        return [
+            None
+            if ending.outcome in REFUSED_OUTCOMES or ending.guard.job_id in moved
+            else _refusal(tx, ending)
+            for ending in endings
+        ]
+
+    @staticmethod
+    def _mark(tx: Tx, endings: Sequence[Ending], now: float) -> None:
+        """Refused deliveries' own attempt rows say so."""
         marking = [_mark_item(e) for e in endings if e.outcome in REFUSED_OUTCOMES]
         if marking:
             tx.run("mark_attempts", {"items": marking, "now": now})
-        return refused
 
 
 def _refusal(tx: Tx, ending: Ending) -> GuardLost:
