@@ -26,7 +26,7 @@ from tests.support.schedule_app import GAP_POLICIES, executions, set_clock
 pytestmark = pytest.mark.chaos
 
 APP = "tests.support.schedule_app:app"
-WINDOW_TICKS = 60  # seconds of real 1-second ticks the fault test covers
+WINDOW_TICKS = 60  # 1-second ticks of the store clock the fault test covers
 
 
 class Fleet:
@@ -111,8 +111,19 @@ def test_three_schedulers_killed_and_paused_make_one_job_and_one_run_per_tick(
     tmp_path: Path, stack: ExitStack, store_url: str
 ) -> None:
     """Three schedulers on a 1-second schedule for 60 ticks: one SIGKILLed and restarted twice,
-    one SIGSTOPped for 5 s; every tick has exactly one job and one execution, none missing."""
-    fleet = Fleet(tmp_path, stack, store_url)
+    one SIGSTOPped for 5 s; every tick has exactly one job and one execution, none missing.
+
+    The seconds are the store clock's, shared by every process through a file: the test moves
+    it one tick at a time once the tick before is enqueued and run, so the 60 ticks take no
+    60 s of waiting and no fault lands a tick early or late on a slow machine. The schedulers
+    still race for every tick (each polls the clock every 50 ms and all see a tick fall due
+    at once), and the faults land where they did on real seconds: between ticks for the
+    kills, between two transactions for the pause, with 5 ticks falling while it is frozen.
+    """
+    clock = tmp_path / "clock"
+    t0 = 1_900_000_000
+    set_clock(clock, t0 + 0.1)
+    fleet = Fleet(tmp_path, stack, store_url, clock=clock)
     store = App(store_url)
     stack.callback(store.close)
     killed = fleet.scheduler("beat")
@@ -120,12 +131,21 @@ def test_three_schedulers_killed_and_paused_make_one_job_and_one_run_per_tick(
     steady = fleet.scheduler("beat")
     worker = fleet.start("worker", "--concurrency", "2", "--grace-s", "5")
     first_tick = min(wait_for_ticks(store, 1))
+    assert first_tick == t0
+    now = [first_tick]
 
     def reached(offset: int) -> None:
-        wait_until(
-            lambda: max(ticks_of(store, "beat")) >= first_tick + offset,
-            timeout_s=WINDOW_TICKS + 30,
-        )
+        """Move the clock tick by tick to ``first_tick + offset``, each tick enqueued and run
+        before the next falls due."""
+        while now[0] < first_tick + offset:
+            now[0] += 1
+            set_clock(clock, now[0] + 0.1)
+
+            def enqueued_and_run() -> bool:
+                ticks = ticks_of(store, "beat")
+                return max(ticks) >= now[0] and store.counts()[JobStatus.COMPLETED] == len(ticks)
+
+            wait_until(enqueued_and_run, timeout_s=30)
 
     reached(3)
     killed.kill()  # SIGKILL, then restart
