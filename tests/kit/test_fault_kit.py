@@ -86,6 +86,10 @@ def test_charge_is_duplicate_safe(shop, jobguard_faults):
 """
 
 MODES = ("crash", "twice", "lease", "redeliver", "drop")
+# Other plugins installed beside jobguard's that the inner sessions have no use for: loading
+# them (hypothesis above all) is most of an inner session's start-up. jobguard's own plugin is
+# still found through its entry point alone.
+UNUSED_PLUGINS = ("-p", "no:hypothesispytest", "-p", "no:anyio")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -100,7 +104,7 @@ def test_each_fault_fails_an_unguarded_handler_and_passes_a_guarded_one(
 ) -> None:
     pytester.makepyfile(test_shop=INNER.format(mode=mode, safe=safe))
     result = pytester.runpytest_subprocess(
-        f"--jobguard-store={kit_store}", "-p", "no:cacheprovider"
+        f"--jobguard-store={kit_store}", "-p", "no:cacheprovider", *UNUSED_PLUGINS
     )
     if safe:
         result.assert_outcomes(passed=1)
