@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -104,59 +105,67 @@ def url() -> str:
     return pg.fresh_store_url(pg.session_database())
 
 
-def test_a_fetch_beginning_and_a_finish_take_lock_rows_before_operation_rows(url: str) -> None:
+@dataclass
+class _Workers:
+    """Worker 1 holds lock ``dock:1`` and claim ``op:1`` with a success to settle for each
+    (``acks``); worker 2 has a job waiting for each of them."""
+
+    finishing: PostgresBackend
+    fetching: PostgresBackend
+    acks: list[Ending]
+
+    def settle(self) -> list[Any]:
+        return self.finishing.settle(self.acks)
+
+    def fetch(self) -> list[Prepared]:
+        return self.fetching.fetch_prepared(["b"], 10, "w2", rules_for("tests.keyed"))
+
+
+@pytest.fixture
+def two_workers(url: str) -> Iterator[_Workers]:
     finishing, fetching = PostgresBackend(url), PostgresBackend(url)
     try:
         finishing.enqueue_many([keyed_spec("a", "dock:1", None), keyed_spec("a", None, "op:1")])
         held = finishing.fetch_prepared(["a"], 10, "w1", rules_for("tests.keyed"))
-        acks = [_ack(item) for item in held]
         fetching.enqueue_many([keyed_spec("b", "dock:1", None), keyed_spec("b", None, "op:1")])
-        before = _deadlocks(url)
-        results = _race(
-            lambda: finishing.settle(acks),
-            finishing,
-            "settle_set",  # the finish's one statement: every row it writes is taken by then
-            lambda: fetching.fetch_prepared(["b"], 10, "w2", rules_for("tests.keyed")),
-        )
-        assert _deadlocks(url) == before
-        assert results["first"] == [None, None]
-        begun = {
-            p.delivery.resource_key or p.delivery.operation_key: p.begun for p in results["second"]
-        }
-        assert begun["dock:1"] is not None
-        assert begun["dock:1"].grant is not None
-        assert begun["op:1"] is not None
-        assert begun["op:1"].operation is not None
+        yield _Workers(finishing, fetching, [_ack(item) for item in held])
     finally:
         finishing.close()
         fetching.close()
 
 
+def test_a_fetch_beginning_and_a_finish_take_lock_rows_before_operation_rows(
+    url: str, two_workers: _Workers
+) -> None:
+    before = _deadlocks(url)
+    results = _race(
+        two_workers.settle,
+        two_workers.finishing,
+        "settle_set",  # the finish's one statement: every row it writes is taken by then
+        two_workers.fetch,
+    )
+    assert _deadlocks(url) == before
+    assert results["first"] == [None, None]
+    begun = {
+        p.delivery.resource_key or p.delivery.operation_key: p.begun for p in results["second"]
+    }
+    assert begun["dock:1"] is not None
+    assert begun["dock:1"].grant is not None
+    assert begun["op:1"] is not None
+    assert begun["op:1"].operation is not None
+
+
 def test_a_finish_waiting_for_a_lock_row_a_begin_holds_has_not_taken_its_operation_row(
-    url: str,
+    url: str, two_workers: _Workers
 ) -> None:
     """The other way round: a fetch's begin holds the lock row (its grant looked at it) when a
     finish of the lock's and the operation's holders starts; the finish must wait there, before
     the operation row, which the begin takes next."""
-    finishing, fetching = PostgresBackend(url), PostgresBackend(url)
-    try:
-        finishing.enqueue_many([keyed_spec("a", "dock:1", None), keyed_spec("a", None, "op:1")])
-        held = finishing.fetch_prepared(["a"], 10, "w1", rules_for("tests.keyed"))
-        acks = [_ack(item) for item in held]
-        fetching.enqueue_many([keyed_spec("b", "dock:1", None), keyed_spec("b", None, "op:1")])
-        before = _deadlocks(url)
-        results = _race(
-            lambda: fetching.fetch_prepared(["b"], 10, "w2", rules_for("tests.keyed")),
-            fetching,
-            "grant_locks",
-            lambda: finishing.settle(acks),
-        )
-        assert _deadlocks(url) == before
-        assert results["second"] == [None, None]
-        assert len(results["first"]) == 2
-    finally:
-        finishing.close()
-        fetching.close()
+    before = _deadlocks(url)
+    results = _race(two_workers.fetch, two_workers.fetching, "grant_locks", two_workers.settle)
+    assert _deadlocks(url) == before
+    assert results["second"] == [None, None]
+    assert len(results["first"]) == 2
 
 
 def _ack(item: Prepared) -> Ending:
