@@ -62,6 +62,10 @@ class InFlight:
         # The longest time the heartbeat overslept while this delivery was held (monotonic): the
         # whole process stood still (stopped, a paused VM, swapping), not the handler alone.
         self.stalled_s = 0.0
+        # The heartbeat's wait in progress (monotonic: when it should wake, the beat interval),
+        # so a refusal met before the heartbeat wakes can tell a stall it has not marked yet.
+        self.beat_wake_at: float | None = None
+        self.beat_interval_s = 0.0
         # When the pipeline started running it (monotonic): its duration counts from here.
         self.run_started = time.monotonic()
         # When the run passes its soft time limit (monotonic; None: no limit or not started).
@@ -74,6 +78,17 @@ class InFlight:
         self.abandoned = False
         # Cancels an async handler's coroutine on the worker's loop (set while it runs).
         self.canceller: Callable[[], None] | None = None
+
+    def stood_still_s(self) -> float:
+        """How long the whole process stood still under this delivery: what the heartbeat
+        marked, or, if its wait is still overrunning by a whole beat (the process resumed and
+        this thread ran first), that overrun."""
+        wake_at = self.beat_wake_at
+        if wake_at is not None and self.beat_interval_s > 0:
+            overslept_s = time.monotonic() - wake_at
+            if overslept_s >= self.beat_interval_s:
+                return max(self.stalled_s, overslept_s)
+        return self.stalled_s
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lease or lock is gone; the handler's writes will be refused.

@@ -104,6 +104,8 @@ class Heartbeat(threading.Thread):
                 wake_at = min(due, self._next_watch(snapshot, interval_s))
                 timeout_s = max(0.0, wake_at - time.monotonic())
                 slept_from = time.monotonic()
+                for item in snapshot:
+                    item.beat_wake_at, item.beat_interval_s = slept_from + timeout_s, interval_s
                 poked = self._wake.wait(timeout_s)
                 self._wake.clear()
                 if not poked:
@@ -111,6 +113,8 @@ class Heartbeat(threading.Thread):
                     if overslept_s >= interval_s:  # a whole beat missed: the process stood still
                         for item in self._snapshot():
                             item.stalled_s = max(item.stalled_s, overslept_s)
+                for item in snapshot:  # awake (and any stall marked): later overruns are not
+                    item.beat_wake_at = None
                 if self._stopped.is_set():
                     return
                 self.watch(time.monotonic(), interval_s)

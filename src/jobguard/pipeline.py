@@ -430,8 +430,9 @@ class Pipeline:
         stale work is discarded.
         """
         reason = describe(exc)
-        if inflight.stalled_s:  # the process stood still: say so, it is not a slow handler
-            reason += messages.stood_still(inflight.stalled_s)
+        stalled_s = inflight.stood_still_s()
+        if stalled_s:  # the process stood still: say so, it is not a slow handler
+            reason += messages.stood_still(stalled_s)
         inflight.mark_lost(reason)
         error = ErrorInfo(type(exc).__name__, reason)
         if isinstance(exc, StaleFenceError):

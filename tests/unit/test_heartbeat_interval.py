@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from jobguard.context import InFlight
@@ -68,3 +69,18 @@ def test_a_delivery_no_beat_tried_is_due_an_interval_after_its_lease_began() -> 
     item.renewal_tried = True
     assert first_due([item], next_beat=102.5, interval_s=1.0) == 102.5
     assert first_due([], next_beat=102.5, interval_s=1.0) == 102.5
+
+
+def test_a_refusal_met_before_the_heartbeat_wakes_still_sees_the_stall() -> None:
+    """The process resumed after standing still and the handler's thread ran first: the
+    heartbeat's wait, still overrunning by more than a beat, is the stall it has not marked."""
+    item = _inflight(_delivery(3, None))
+    assert item.stood_still_s() == 0.0  # no wait recorded
+    item.beat_wake_at, item.beat_interval_s = time.monotonic() + 1.0, 1.0
+    assert item.stood_still_s() == 0.0  # asleep, due later
+    item.beat_wake_at = time.monotonic() - 0.5
+    assert item.stood_still_s() == 0.0  # late by less than a beat: a busy machine, not a stall
+    item.beat_wake_at = time.monotonic() - 2.0
+    assert item.stood_still_s() >= 2.0
+    item.beat_wake_at, item.stalled_s = None, 4.0  # awake: what it marked counts
+    assert item.stood_still_s() == 4.0
