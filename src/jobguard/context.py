@@ -30,6 +30,13 @@ STEP_NAMING = (
 )
 
 
+def stall_of_wait_s(wake_at: float, interval_s: float, now: float) -> float:
+    """How long the process stood still under a heartbeat wait due at ``wake_at`` (monotonic):
+    its overrun, if by a whole beat or more (a wait merely late is a busy machine), else 0."""
+    overrun_s = now - wake_at
+    return overrun_s if interval_s > 0 and overrun_s >= interval_s else 0.0
+
+
 class InFlight:
     """A delivery the worker is holding: its current guard and whether it was lost.
 
@@ -84,11 +91,9 @@ class InFlight:
         marked, or, if its wait is still overrunning by a whole beat (the process resumed and
         this thread ran first), that overrun."""
         wake_at = self.beat_wake_at
-        if wake_at is not None and self.beat_interval_s > 0:
-            overslept_s = time.monotonic() - wake_at
-            if overslept_s >= self.beat_interval_s:
-                return max(self.stalled_s, overslept_s)
-        return self.stalled_s
+        if wake_at is None:
+            return self.stalled_s
+        return max(self.stalled_s, stall_of_wait_s(wake_at, self.beat_interval_s, time.monotonic()))
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lease or lock is gone; the handler's writes will be refused.

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from jobguard.backends.base import Backend, Renewal, RenewalResult
-from jobguard.context import InFlight, time_limit_exceeded
+from jobguard.context import InFlight, stall_of_wait_s, time_limit_exceeded
 from jobguard.core import messages
 from jobguard.exceptions import JobCancelled, JobGuardError, RunStopped
 from jobguard.hooks import Hooks
@@ -109,8 +109,9 @@ class Heartbeat(threading.Thread):
                 poked = self._wake.wait(timeout_s)
                 self._wake.clear()
                 if not poked:
-                    overslept_s = time.monotonic() - slept_from - timeout_s
-                    if overslept_s >= interval_s:  # a whole beat missed: the process stood still
+                    woke_at = time.monotonic()
+                    overslept_s = stall_of_wait_s(slept_from + timeout_s, interval_s, woke_at)
+                    if overslept_s:  # a whole beat missed: the process stood still
                         for item in self._snapshot():
                             item.stalled_s = max(item.stalled_s, overslept_s)
                 for item in snapshot:  # awake (and any stall marked): later overruns are not

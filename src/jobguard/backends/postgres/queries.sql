@@ -108,13 +108,13 @@ RETURNING j.id, j.lease_token, j.cancel_requested_by;
 -- of its lock (resource, fence) and of its concurrency slot (slot_key, slot, slot_fence) and
 -- the operation's claim (key). status 'completed' finishes the job, 'dead' buries it, 'queued'
 -- requeues it after delay_s (NULL: now, keeping its run_at); uncharge hands the attempt back.
--- Only an item whose job moved then frees its lock (lock_resource, lock_owner) and slot
--- (slot_key_held, slot_held, slot_owner), moves its operation (op_key: to op_status, a success
--- with result, external_ref, op_fence; a dropped claim keeping its last error unless op_error)
--- and, with close, closes its attempt row. Rows are taken in the order a fetch's begin takes
--- them: jobs, locks, slots, operations (each waits, through an uncorrelated sub-query, for the
--- one before to finish), then attempts. Returns the moved job ids and how many operations it
--- completed.
+-- Only an item whose job moved then frees its lock (held_resource, held_owner) and slot
+-- (held_slot_key, held_slot, held_slot_owner), moves its operation (op_key: to op_status, a
+-- success with op_result, op_external_ref, op_fence; a dropped claim keeping its last error
+-- unless op_last_error) and, with close, closes its attempt row (attempt_*). Rows are taken
+-- in the order a fetch's begin takes them: jobs, locks, slots, operations (each waits, through
+-- an uncorrelated sub-query, for the one before to finish), then attempts. Returns the moved
+-- job ids and how many operations it completed.
 WITH item AS (
          SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
              AS item(job_id bigint, lease_token text, resource text, fence bigint,
@@ -122,14 +122,15 @@ WITH item AS (
                      delay_s float8, uncharge integer, deferral integer, set_error boolean,
                      last_error text, set_signature boolean, error_signature text,
                      same_error_count integer, code text, reason text,
-                     lock_resource text, lock_owner text,
-                     slot_key_held text, slot_held integer, slot_owner text,
-                     op_key text, op_status text, result text, external_ref text,
-                     op_fence bigint, op_error text,
-                     close boolean, attempt_id bigint, outcome text, duration_s float8,
-                     error_type text, error_message text, traceback text,
-                     att_lock_owner text, att_fence bigint, steps_run integer,
-                     steps_skipped integer)),
+                     held_resource text, held_owner text,
+                     held_slot_key text, held_slot integer, held_slot_owner text,
+                     op_key text, op_status text, op_result text, op_external_ref text,
+                     op_fence bigint, op_last_error text,
+                     close boolean, attempt_attempt_id bigint, attempt_outcome text,
+                     attempt_duration_s float8, attempt_error_type text,
+                     attempt_error_message text, attempt_traceback text,
+                     attempt_lock_owner text, attempt_fence bigint, attempt_steps_run integer,
+                     attempt_steps_skipped integer)),
      moved AS (
          UPDATE {schema}.jobs AS j
          SET status = item.status,
@@ -165,25 +166,27 @@ WITH item AS (
      freed_locks AS (
          UPDATE {schema}.locks AS l SET owner = NULL, expires_at = NULL
          FROM done
-         WHERE l.resource = done.lock_resource AND l.owner = done.lock_owner
+         WHERE l.resource = done.held_resource AND l.owner = done.held_owner
          RETURNING l.resource),
      freed_slots AS (
          UPDATE {schema}.slots AS s SET owner = NULL, expires_at = NULL
          FROM done
          WHERE (SELECT count(*) FROM freed_locks) >= 0
-           AND s.key = done.slot_key_held AND s.slot = done.slot_held AND s.owner = done.slot_owner
+           AND s.key = done.held_slot_key AND s.slot = done.held_slot
+           AND s.owner = done.held_slot_owner
          RETURNING s.key),
      operated AS (
          UPDATE {schema}.operations AS o
          SET status = done.op_status,
-             result = CASE WHEN done.op_status = 'completed' THEN done.result ELSE o.result END,
-             external_ref = CASE WHEN done.op_status = 'completed' THEN done.external_ref
+             result = CASE WHEN done.op_status = 'completed' THEN done.op_result
+                           ELSE o.result END,
+             external_ref = CASE WHEN done.op_status = 'completed' THEN done.op_external_ref
                                  ELSE o.external_ref END,
              fence = CASE WHEN done.op_status = 'completed' THEN done.op_fence ELSE o.fence END,
              completed_at = CASE WHEN done.op_status = 'completed' THEN %(now)s
                                  ELSE o.completed_at END,
              last_error = CASE WHEN done.op_status = 'completed' THEN NULL
-                               ELSE coalesce(done.op_error, o.last_error) END,
+                               ELSE coalesce(done.op_last_error, o.last_error) END,
              owner_lease = NULL, updated_at = %(now)s
          FROM done
          WHERE (SELECT count(*) FROM freed_slots) >= 0
@@ -192,13 +195,14 @@ WITH item AS (
          RETURNING o.status),
      closed AS (
          UPDATE {schema}.attempts AS a
-         SET outcome = done.outcome, ended_at = %(now)s, duration_s = done.duration_s,
-             error_type = done.error_type, error_message = done.error_message,
-             traceback = done.traceback, lock_owner = done.att_lock_owner,
-             fence = done.att_fence, steps_run = done.steps_run,
-             steps_skipped = done.steps_skipped
+         SET outcome = done.attempt_outcome, ended_at = %(now)s,
+             duration_s = done.attempt_duration_s,
+             error_type = done.attempt_error_type, error_message = done.attempt_error_message,
+             traceback = done.attempt_traceback, lock_owner = done.attempt_lock_owner,
+             fence = done.attempt_fence, steps_run = done.attempt_steps_run,
+             steps_skipped = done.attempt_steps_skipped
          FROM done
-         WHERE done.close AND a.id = done.attempt_id
+         WHERE done.close AND a.id = done.attempt_attempt_id
          RETURNING a.id)
 SELECT (SELECT coalesce(array_agg(id), '{{}}') FROM moved) AS moved,
        (SELECT count(*) FROM operated WHERE status = 'completed') AS completed,

@@ -116,42 +116,34 @@ def _attempt_item(ending: Ending) -> dict[str, Any]:
 
 
 def _set_item(ending: Ending) -> dict[str, Any]:
-    """One item of ``settle_set``: the job's move and, should it move, all that follows it."""
+    """One item of ``settle_set``: the job's move (:func:`_job_item`) and, should it move, what
+    follows it: what it frees (``held_*``), how its operation ends (``op_*``: completed with
+    its result, or its claim dropped as :func:`_operation_item` says) and, unless it is a
+    refusal, its attempt row closed (``attempt_*``, as :func:`_attempt_item`)."""
     guard = ending.guard
     claim = _claim_of(ending)
-    dropping = _operation_item(ending)
-    item = _job_item(ending)
-    item.update(
-        lock_resource=guard.lock.resource if guard.lock else None,
-        lock_owner=guard.lock.owner if guard.lock else None,
-        slot_key_held=guard.slot.resource if guard.slot else None,
-        slot_held=guard.slot.slot if guard.slot else None,
-        slot_owner=guard.slot.owner if guard.slot else None,
-        op_key=claim if claim is not None else (dropping["key"] if dropping else None),
-        op_status=OperationStatus.COMPLETED.value
-        if claim is not None
-        else (dropping["status"] if dropping else None),
-        result=ending.result_json if claim is not None else None,
-        external_ref=ending.external_ref if claim is not None else None,
-        op_fence=fence_of(guard) if claim is not None else None,
-        op_error=dropping["last_error"] if dropping and claim is None else None,
-    )
-    closing = ending.outcome not in REFUSED_OUTCOMES
-    attempt = _attempt_item(ending)
-    item.update(
-        close=closing,
-        attempt_id=attempt["attempt_id"],
-        outcome=attempt["outcome"],
-        duration_s=attempt["duration_s"],
-        error_type=attempt["error_type"],
-        error_message=attempt["error_message"],
-        traceback=attempt["traceback"],
-        att_lock_owner=attempt["lock_owner"],
-        att_fence=attempt["fence"],
-        steps_run=attempt["steps_run"],
-        steps_skipped=attempt["steps_skipped"],
-    )
-    return item
+    operation: dict[str, Any] | None
+    if claim is not None:
+        operation = {
+            "key": claim,
+            "status": OperationStatus.COMPLETED.value,
+            "result": ending.result_json,
+            "external_ref": ending.external_ref,
+            "fence": fence_of(guard),
+        }
+    else:
+        operation = _operation_item(ending)
+    return {
+        **_job_item(ending),
+        "held_resource": guard.lock.resource if guard.lock else None,
+        "held_owner": guard.lock.owner if guard.lock else None,
+        "held_slot_key": guard.slot.resource if guard.slot else None,
+        "held_slot": guard.slot.slot if guard.slot else None,
+        "held_slot_owner": guard.slot.owner if guard.slot else None,
+        **{f"op_{name}": value for name, value in (operation or {}).items()},
+        "close": ending.outcome not in REFUSED_OUTCOMES,
+        **{f"attempt_{name}": value for name, value in _attempt_item(ending).items()},
+    }
 
 
 def _mark_item(ending: Ending) -> dict[str, Any]:
