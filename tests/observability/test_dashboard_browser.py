@@ -25,7 +25,6 @@ webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not in
 from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -58,11 +57,31 @@ def browser() -> Iterator[WebDriver]:
         driver.quit()
 
 
+LEFT_MARK = "window.__jobguardLeaving"
+
+
 def submit(driver: WebDriver, element_id: str) -> None:
-    """Click a form's button and wait until the browser has left the page it was on."""
-    page = driver.find_element(By.TAG_NAME, "html")
+    """Click a form's button and wait until the browser shows the page the form led to.
+
+    The old document is marked from JavaScript and the wait ends once a loaded document without
+    the mark is there. Waiting on an old element going stale instead races with the navigation:
+    Chromium may answer a question about a node being detached with an inspector error rather
+    than a stale-element one.
+    """
+    driver.execute_script(f"{LEFT_MARK} = true")
     driver.find_element(By.ID, element_id).click()
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 30).until(_on_a_new_loaded_page)
+
+
+def _on_a_new_loaded_page(driver: WebDriver) -> bool:
+    try:
+        return bool(
+            driver.execute_script(
+                f"return {LEFT_MARK} === undefined && document.readyState === 'complete'"
+            )
+        )
+    except WebDriverException:  # asked mid-navigation: not there yet
+        return False
 
 
 def text_of(driver: WebDriver, css: str) -> str:
