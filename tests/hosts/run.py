@@ -50,7 +50,7 @@ class Outcome:
 
     kills: int
     duplicated: set[int]
-    overlapping: set[int]
+    overlapping: dict[int, list[workload.Run]]  # order -> its runs
     finished: bool
     seconds: float
     never_run: set[int] = field(default_factory=set)  # orders whose stock was never cut
@@ -272,7 +272,7 @@ def assert_guarded(outcome: Outcome, store_url: str, plan: workload.Plan) -> Non
     host's own limit.
     """
     assert outcome.duplicated == set()
-    assert outcome.overlapping == set()
+    assert outcome.overlapping == {}, f"overlapping runs: {outcome.overlapping}"
     assert workload.dead_orders(store_url, workload.TASK) == set()
     assert len(workload.effect_counts(store_url, workload.INVOICES)) == plan.orders
     assert_doctor_judges_the_host_limit(store_url, outcome.host, outcome.limit_s)

@@ -167,10 +167,18 @@ def log_event(kind: str, order_id: int, **extra: Any) -> None:
 
 @contextmanager
 def handler_run(order_id: int) -> Iterator[None]:
-    """Log the start and the end of one execution of the handler."""
+    """Log the start and the end of one execution of the handler; a run that raised ended
+    too (RQ runs each job in a work-horse of its own, which exits after it), and its line names
+    what it raised."""
     log_event("start", order_id)
-    yield
-    log_event("end", order_id)
+    raised: str | None = None
+    try:
+        yield
+    except BaseException as exc:
+        raised = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        log_event("end", order_id, raised=raised)
 
 
 def work_s(order_id: int) -> float:
@@ -234,9 +242,20 @@ def running_pids(log: Path) -> list[int]:
     return list(open_runs)
 
 
-def overlapping_orders(log: Path) -> set[int]:
-    """Orders with two executions at once: a run lasts from its start to its end or its kill."""
-    runs: list[tuple[int, float, float]] = []
+@dataclass(frozen=True)
+class Run:
+    """One execution of the handler, from the event log."""
+
+    order: int
+    pid: int
+    started: float
+    ended: float
+    how: str  # "ended", "raised <what>", "killed", or "running" (neither, when judged)
+
+
+def handler_runs(log: Path) -> list[Run]:
+    """Every execution: a run lasts from its start to its end or its kill."""
+    runs: list[Run] = []
     open_runs: dict[int, tuple[int, float]] = {}
     for event in events(log):
         pid = event["pid"] if event["kind"] != "kill" else event["victim"]
@@ -244,20 +263,27 @@ def overlapping_orders(log: Path) -> set[int]:
             open_runs[pid] = (event["order"], event["t"])
         elif event["kind"] in ("end", "kill") and pid in open_runs:
             order, started = open_runs.pop(pid)
-            runs.append((order, started, event["t"]))
+            raised = event.get("raised")
+            how = "killed" if event["kind"] == "kill" else f"raised {raised}" if raised else "ended"
+            runs.append(Run(order, pid, started, event["t"], how))
     now = time.time()
-    runs += [(order, started, now) for order, started in open_runs.values()]
-    overlapping: set[int] = set()
-    by_order: dict[int, list[tuple[float, float]]] = {}
-    for order, started, ended in runs:
-        by_order.setdefault(order, []).append((started, ended))
-    for order, spans in by_order.items():
-        spans.sort()
+    runs += [Run(order, pid, at, now, "running") for pid, (order, at) in open_runs.items()]
+    return runs
+
+
+def overlapping_orders(log: Path) -> dict[int, list[Run]]:
+    """Orders with two executions at once, each with all its runs (what a failure shows)."""
+    by_order: dict[int, list[Run]] = {}
+    for run in handler_runs(log):
+        by_order.setdefault(run.order, []).append(run)
+    overlapping: dict[int, list[Run]] = {}
+    for order, runs in by_order.items():
+        runs.sort(key=lambda run: run.started)
         latest_end = float("-inf")
-        for started, ended in spans:
-            if started < latest_end:
-                overlapping.add(order)
-            latest_end = max(latest_end, ended)
+        for run in runs:
+            if run.started < latest_end:
+                overlapping[order] = runs
+            latest_end = max(latest_end, run.ended)
     return overlapping
 
 
