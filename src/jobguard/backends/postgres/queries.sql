@@ -1,5 +1,9 @@
 -- Named queries of the PostgreSQL backend. Each "-- name:" starts one statement.
 -- Every statement that changes a delivery names its lease token in the WHERE clause.
+-- A list of items (%(items)s, one jsonb) is taken by the planner for 100 rows, so joined to a
+-- table it may be planned as a scan of the whole table, whose cost grows with the queue's
+-- history. Each statement therefore reads its rows by key: "col = ANY (ARRAY(<the items'
+-- keys>))" gives the table's primary-key index the keys to look up.
 
 -- name: job_by_id
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
@@ -86,6 +90,7 @@ SELECT j.id, j.attempts, j.task, j.queue, j.operation_key, j.worker_id, j.lease_
        item.lock_owner, item.fence, %(now)s, %(host)s::text
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(job_id bigint, lock_owner text, fence bigint)
 JOIN {schema}.jobs AS j ON j.id = item.job_id
+WHERE j.id = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'job_id')::bigint))
 RETURNING id, job_id;
 
 -- name: extend_leases
@@ -99,6 +104,7 @@ SET available_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp(
 FROM jsonb_to_recordset(%(items)s::jsonb)
      AS item(job_id bigint, lease_token text, visibility_timeout_s float8)
 WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
+  AND j.id = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'job_id')::bigint))
 RETURNING j.id, j.lease_token, j.cancel_requested_by;
 
 -- name: settle_set
@@ -150,17 +156,19 @@ WITH item AS (
              dead_code = CASE WHEN item.status = 'dead' THEN item.code ELSE j.dead_code END,
              dead_reason = CASE WHEN item.status = 'dead' THEN item.reason ELSE j.dead_reason END
          FROM item
+         -- Each proof reads one row by its primary key (an EXISTS here may be planned as a
+         -- hash of the whole table).
          WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
+           AND j.id = ANY (ARRAY(SELECT job_id FROM item))
            AND (item.resource IS NULL
-                OR NOT EXISTS (SELECT 1 FROM {schema}.locks AS l
-                               WHERE l.resource = item.resource AND l.fence > item.fence))
+                OR NOT coalesce((SELECT l.fence > item.fence FROM {schema}.locks AS l
+                                 WHERE l.resource = item.resource), false))
            AND (item.slot_key IS NULL
-                OR NOT EXISTS (SELECT 1 FROM {schema}.slots AS s
-                               WHERE s.key = item.slot_key AND s.slot = item.slot
-                                 AND s.fence > item.slot_fence))
+                OR NOT coalesce((SELECT s.fence > item.slot_fence FROM {schema}.slots AS s
+                                 WHERE s.key = item.slot_key AND s.slot = item.slot), false))
            AND (item.key IS NULL
-                OR EXISTS (SELECT 1 FROM {schema}.operations AS o
-                           WHERE o.key = item.key AND o.owner_lease = item.lease_token))
+                OR coalesce((SELECT o.owner_lease = item.lease_token FROM {schema}.operations AS o
+                             WHERE o.key = item.key), false))
          RETURNING j.id),
      done AS (SELECT item.* FROM item JOIN moved ON moved.id = item.job_id),
      freed_locks AS (
@@ -222,13 +230,15 @@ SET outcome = item.outcome, ended_at = coalesce(a.ended_at, %(now)s),
 FROM jsonb_to_recordset(%(items)s::jsonb)
      AS item(attempt_id bigint, outcome text, duration_s float8, error_type text,
              error_message text, steps_run integer, steps_skipped integer)
-WHERE a.id = item.attempt_id;
+WHERE a.id = item.attempt_id
+  AND a.id = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'attempt_id')::bigint));
 
 -- name: release_locks
 -- release_lock for many (%(items)s: resource, owner).
 UPDATE {schema}.locks AS l SET owner = NULL, expires_at = NULL
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text)
-WHERE l.resource = item.resource AND l.owner = item.owner;
+WHERE l.resource = item.resource AND l.owner = item.owner
+  AND l.resource = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'resource')));
 
 -- name: cancel_job
 -- A cancel (#17): a queued job is buried as cancelled (code, reason); a running one only
@@ -331,6 +341,7 @@ SET expires_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())
                  + item.ttl_s
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(key text, slot integer, owner text, ttl_s float8)
 WHERE s.key = item.key AND s.slot = item.slot AND s.owner = item.owner
+  AND s.key = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'key')))
 RETURNING s.key, s.slot, s.owner;
 
 -- name: release_slots
@@ -338,7 +349,8 @@ RETURNING s.key, s.slot, s.owner;
 -- slot, owner); the fence counter is kept.
 UPDATE {schema}.slots AS s SET owner = NULL, expires_at = NULL
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(key text, slot integer, owner text)
-WHERE s.key = item.key AND s.slot = item.slot AND s.owner = item.owner;
+WHERE s.key = item.key AND s.slot = item.slot AND s.owner = item.owner
+  AND s.key = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'key')));
 
 -- name: slot_rows
 SELECT key, slot, owner, fence, expires_at FROM {schema}.slots WHERE key = %(key)s ORDER BY slot;
@@ -347,7 +359,8 @@ SELECT key, slot, owner, fence, expires_at FROM {schema}.slots WHERE key = %(key
 -- attempt_lock for many (%(items)s: attempt_id, lock_owner, fence).
 UPDATE {schema}.attempts AS a SET lock_owner = item.lock_owner, fence = item.fence
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(attempt_id bigint, lock_owner text, fence bigint)
-WHERE a.id = item.attempt_id;
+WHERE a.id = item.attempt_id
+  AND a.id = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'attempt_id')::bigint));
 
 -- name: insert_operations
 -- insert_operation for many distinct keys (%(items)s: key, resource_key, owner_lease, fence), in
@@ -370,6 +383,7 @@ SET expires_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())
                  + item.ttl_s
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text, ttl_s float8)
 WHERE l.resource = item.resource AND l.owner = item.owner
+  AND l.resource = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'resource')))
 RETURNING l.resource, l.owner;
 
 -- name: operation_row

@@ -1,0 +1,167 @@
+"""PostgreSQL plans every statement of a delivery's path by key, however long the queue's history.
+
+A statement that reads its rows by primary key stays as cheap with a million finished jobs as
+with ten; one planned as a scan of a whole table costs more with every job ever run. The
+planner's guesses decide which, and they can surprise: it takes every list of items passed as
+jsonb for 100 rows, and once planned an ``EXISTS`` over ``operations`` in the settle statement
+as a hash of the whole table (a scan per batch). So this test gives a store a history of
+finished jobs (their operations, attempts, locks and steps), runs real deliveries through a
+worker, asks PostgreSQL how it plans each statement of their path with the very parameters the
+worker sent (``EXPLAIN``, which runs nothing), and fails on a scan of a history table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from jobguard import App, Context
+from jobguard.backends.postgres.driver import PostgresTx, render_queries
+from jobguard.models import JobStatus
+from jobguard.worker import Worker
+from tests.support import pg
+
+HISTORY = 5000
+JOBS = 12
+# The statements a full-guard delivery runs: fetch, begin, step, settle.
+PATH = frozenset({
+    "ready_jobs", "lease_jobs", "grant_locks", "insert_operations", "insert_attempts",
+    "guard_state", "insert_step", "settle_set",
+})  # fmt: skip
+HISTORY_TABLES = ("jobs", "attempts", "operations", "locks", "slots", "steps")
+SCAN = re.compile(r"Seq Scan on (\w+)")
+PARAM = re.compile(r"%\((\w+)\)s")
+# The other statements that take a list of items, each with items naming history rows.
+ITEMS_OFF_PATH: dict[str, list[dict[str, Any]]] = {
+    "extend_leases": [{"job_id": n, "lease_token": "t", "visibility_timeout_s": 3} for n in (1, 2)],
+    "renew_locks": [{"resource": f"old-res:{n}", "owner": "o", "ttl_s": 3} for n in (1, 2)],
+    "release_locks": [{"resource": f"old-res:{n}", "owner": "o"} for n in (1, 2)],
+    "renew_slots": [{"key": f"old-slot:{n}", "slot": 0, "owner": "o", "ttl_s": 3} for n in (1, 2)],
+    "release_slots": [{"key": f"old-slot:{n}", "slot": 0, "owner": "o"} for n in (1, 2)],
+    "mark_attempts": [{"attempt_id": n, "outcome": "refused"} for n in (1, 2)],
+    "attempt_locks": [{"attempt_id": n, "lock_owner": "o", "fence": 2} for n in (1, 2)],
+}
+
+
+@pytest.fixture
+def store_url() -> str:
+    """A fresh store of its own, in the session's database."""
+    return pg.fresh_store_url(pg.session_database())
+
+
+def give_history(url: str, count: int) -> None:
+    """``count`` finished jobs with their operation, attempt, lock, slot and step, then ANALYZE
+    (what autovacuum would have done by then)."""
+    database, _, schema = url.partition("?schema=")
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        conn.execute(
+            "INSERT INTO jobs (task, queue, payload, status, run_at, max_attempts,"
+            " visibility_timeout_s, created_at, finished_at, attempts)"
+            " SELECT 'old', 'old', '{}', 'completed', 0, 5, 30, 0, 1, 1"
+            " FROM generate_series(1, %(n)s)",
+            {"n": count},
+        )
+        conn.execute(
+            "INSERT INTO operations (key, status, created_at, updated_at, completed_at)"
+            " SELECT 'old-op:' || id, 'completed', 0, 1, 1 FROM jobs"
+        )
+        conn.execute(
+            "INSERT INTO attempts (job_id, attempt, task, queue, operation_key, worker_id,"
+            " lease_token, started_at, ended_at, outcome)"
+            " SELECT id, 1, 'old', 'old', 'old-op:' || id, 'old-worker', 'old-lease:' || id,"
+            " 0, 1, 'completed' FROM jobs"
+        )
+        conn.execute("INSERT INTO locks (resource, fence) SELECT 'old-res:' || id, 1 FROM jobs")
+        conn.execute(
+            "INSERT INTO slots (key, slot, fence) SELECT 'old-slot:' || id, 0, 1 FROM jobs"
+        )
+        conn.execute(
+            "INSERT INTO steps (operation_key, name, result, created_at)"
+            " SELECT key, 'effect', 'null', 1 FROM operations"
+        )
+        for table in HISTORY_TABLES:
+            conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
+
+
+def scans_of(plans: Mapping[str, list[str]]) -> set[tuple[str, str]]:
+    """(statement, history table) for each scan of a whole history table in ``plans``."""
+    return {
+        (name, table)
+        for name, texts in plans.items()
+        for text in texts
+        for table in SCAN.findall(text)
+        if table in HISTORY_TABLES
+    }
+
+
+def record_plans(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """Each statement of :data:`PATH` is explained, with the parameters it is run with, just
+    before it runs; the plans by statement name."""
+    plans: dict[str, list[str]] = {}
+    execute = PostgresTx._execute
+
+    def explained(tx: PostgresTx, name: str, params: Mapping[str, Any]) -> Any:
+        if name in PATH:
+            sent = {**params, "items": Jsonb(params["items"])} if "items" in params else params
+            rows = tx.connection.execute(f"EXPLAIN {tx._queries[name]}", sent).fetchall()
+            plans.setdefault(name, []).append("\n".join(row[0] for row in rows))
+        return execute(tx, name, params)
+
+    monkeypatch.setattr(PostgresTx, "_execute", explained)
+    return plans
+
+
+def test_a_delivery_path_reads_its_rows_by_key_beside_a_long_history(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    give_history(store_url, HISTORY)
+    app = App(store_url)
+
+    def insert_effect(conn: Any, n: int) -> int:
+        conn.execute("SELECT %s::integer", (n,))
+        return n
+
+    @app.task(name="fulfil", operation_key="fulfil:{n}", resource_key="order:{n}")
+    def fulfil(ctx: Context, n: int) -> None:
+        ctx.db_step("effect", insert_effect, n)
+
+    try:
+        jobs = fulfil.enqueue_many({"n": n} for n in range(JOBS))
+        plans = record_plans(monkeypatch)
+        worker = Worker(app, concurrency=2, install_signal_handlers=False)
+        worker.run(burst=True)
+        monkeypatch.undo()
+        assert {app.get_job(job.id).status for job in jobs} == {JobStatus.COMPLETED}
+    finally:
+        app.close()
+
+    assert set(plans) == PATH  # every statement of the path was seen
+    assert scans_of(plans) == set(), described(plans)
+
+
+def test_the_heartbeat_and_the_other_item_statements_read_their_rows_by_key(
+    store_url: str,
+) -> None:
+    give_history(store_url, HISTORY)
+    database, _, schema = store_url.partition("?schema=")
+    queries = render_queries(schema)
+    plans: dict[str, list[str]] = {}
+    with psycopg.connect(database, autocommit=True) as conn:
+        for name, items in ITEMS_OFF_PATH.items():
+            params: dict[str, Any] = dict.fromkeys(PARAM.findall(queries[name]))
+            params.update(items=Jsonb(items), now=1.0)
+            rows = conn.execute(f"EXPLAIN {queries[name]}", params).fetchall()
+            plans[name] = ["\n".join(row[0] for row in rows)]
+    assert scans_of(plans) == set(), described(plans)
+
+
+def described(plans: Mapping[str, list[str]]) -> str:
+    """Every plan, under its statement's name (what a failure shows)."""
+    return "\n\n".join(f"{name}:\n{text}" for name, texts in plans.items() for text in texts)
