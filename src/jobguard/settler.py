@@ -3,7 +3,8 @@
 Handler threads hand every ending the pipeline returns (a success, a retry, a deferral, a
 burial, a refusal, a store failure) to :meth:`Settler.put` and go on to their next job. The
 settler writes what has gathered through one :meth:`~jobguard.backends.base.QueuePort.settle`
-(one durable commit for many deliveries), turns an ending the store refused for a stale guard
+(one durable commit for many deliveries; while handlers still run it waits a moment for their
+endings, :func:`gather`), turns an ending the store refused for a stale guard
 into the refusal the pipeline decides, and tells the hooks how each delivery ended, from this
 one place. A delivery is not over until then: its lease is held and renewed meanwhile.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue as queue_module
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobguard.worker")
 
 BATCH_MAX = 512
+LINGER_S = 0.003
 _STOP = object()
 
 Settling = tuple["InFlight", "Ending"]
@@ -43,6 +46,7 @@ class Settler:
         hooks: Told of store errors.
         counted: Called with each delivery's final outcome (the worker's stats).
         done: Called with each delivery once its ending is written (or given up).
+        running: How many deliveries are in their handlers now (their endings are to come).
     """
 
     def __init__(
@@ -52,12 +56,14 @@ class Settler:
         hooks: Hooks,
         counted: Callable[[Outcome], None],
         done: Callable[[InFlight], None],
+        running: Callable[[], int] = lambda: 0,
     ) -> None:
         self._backend = backend
         self._pipeline = pipeline
         self._hooks = hooks
         self._counted = counted
         self._done = done
+        self._running = running
         self._queue: queue_module.Queue[Settling | object] = queue_module.Queue()
         self._thread = threading.Thread(target=self._loop, name="jobguard-settler", daemon=True)
 
@@ -80,16 +86,7 @@ class Settler:
             first = self._queue.get()
             if first is _STOP:
                 return
-            batch = [first]
-            while len(batch) < BATCH_MAX:
-                try:
-                    following = self._queue.get_nowait()
-                except queue_module.Empty:
-                    break
-                if following is _STOP:
-                    stopping = True
-                    break
-                batch.append(following)
+            batch, stopping = gather(self._queue, first, self._running, LINGER_S)
             pending: list[Settling] = [entry for entry in batch if isinstance(entry, tuple)]
             try:
                 self.settle(pending)
@@ -149,3 +146,28 @@ class Settler:
                 self._hooks.store_error("settle", refusal)
                 finals.append(lost(inflight, ending.closing, f"not settled: {refusal}"))
         return finals
+
+
+def gather(
+    source: queue_module.Queue[Settling | object],
+    first: object,
+    running: Callable[[], int],
+    linger_s: float,
+    limit: int = BATCH_MAX,
+) -> tuple[list[object], bool]:
+    """One batch: ``first`` and what follows it in ``source``, up to ``limit``, and whether the
+    stop mark came. While handlers still run (``running()``), their endings are near: it waits
+    up to ``linger_s`` from the start for them, so they share this batch's commit instead of
+    paying one of their own; with none running it takes only what is already there."""
+    batch = [first]
+    linger_until = time.monotonic() + linger_s
+    while len(batch) < limit:
+        wait_s = linger_until - time.monotonic() if running() else 0.0
+        try:
+            following = source.get(block=wait_s > 0, timeout=max(wait_s, 0.0))
+        except queue_module.Empty:
+            return batch, False
+        if following is _STOP:
+            return batch, True
+        batch.append(following)
+    return batch, False

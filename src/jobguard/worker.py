@@ -202,7 +202,12 @@ class Worker:
             hard_limits=self.enforces_hard_limits,
         )
         self._settler = Settler(
-            app.backend, self._pipeline, app.hooks, counted=self.stats.count, done=self._done
+            app.backend,
+            self._pipeline,
+            app.hooks,
+            counted=self.stats.count,
+            done=self._done,
+            running=lambda: len(self._inflight) - self._finishing,
         )
         # This worker's own task definitions decide each delivery's lease, attempt limit and
         # lock length.

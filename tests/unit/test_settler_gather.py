@@ -1,0 +1,65 @@
+"""How the settler gathers a batch: it waits a moment for the endings of handlers still running
+(they then share one commit), and never waits when none runs or the batch is full."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from jobguard.settler import _STOP, gather
+
+LONG_S = 30.0  # a linger no passing test waits out
+
+
+def put_later(
+    source: queue.Queue[object], item: object, after: threading.Event
+) -> threading.Thread:
+    """Put ``item`` a while after ``after`` is set: long after a gather that does not wait would
+    have returned."""
+
+    def put() -> None:
+        after.wait(5.0)
+        time.sleep(0.2)
+        source.put(item)
+
+    thread = threading.Thread(target=put)
+    thread.start()
+    return thread
+
+
+def test_an_ending_that_comes_while_handlers_run_joins_the_batch() -> None:
+    source: queue.Queue[object] = queue.Queue()
+    asked = threading.Event()
+
+    def running() -> int:
+        asked.set()  # the gather looks for more: now the second handler ends
+        return 1
+
+    putter = put_later(source, "second", asked)
+    batch, stopping = gather(source, "first", running, LONG_S, limit=2)
+    putter.join()
+    assert (batch, stopping) == (["first", "second"], False)
+
+
+def test_with_no_handler_running_it_takes_only_what_is_there() -> None:
+    source: queue.Queue[object] = queue.Queue()
+    source.put("second")
+    batch, stopping = gather(source, "first", lambda: 0, LONG_S)
+    assert (batch, stopping) == (["first", "second"], False)  # returned without the linger
+
+
+def test_a_full_batch_does_not_wait() -> None:
+    source: queue.Queue[object] = queue.Queue()
+    for item in ("second", "third"):
+        source.put(item)
+    batch, _ = gather(source, "first", lambda: 1, LONG_S, limit=2)
+    assert batch == ["first", "second"]
+    assert source.get_nowait() == "third"  # left for the next batch
+
+
+def test_the_stop_mark_ends_the_batch_and_says_so() -> None:
+    source: queue.Queue[object] = queue.Queue()
+    source.put(_STOP)
+    source.put("after the stop")
+    assert gather(source, "first", lambda: 1, LONG_S) == (["first"], True)
