@@ -1,9 +1,11 @@
 """The dashboard in a real headless Chromium, driven with selenium.
 
-Needs Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them); skipped with
-that reason when they are absent. With ``JOBGUARD_UPDATE_SCREENSHOTS=1`` the run writes the
-screenshots ``docs/dashboard.md`` shows into ``docs/images/``; otherwise into the test's own
-temporary directory, so a test run leaves the checkout as it was.
+Needs Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them). Without them
+these tests are skipped with that reason, unless ``JOBGUARD_REQUIRE_BROWSER=1`` (``.ci/run`` sets
+it): then a missing or broken browser fails them, so CI cannot pass with them unrun. With
+``JOBGUARD_UPDATE_SCREENSHOTS=1`` the run writes the screenshots ``docs/dashboard.md`` shows
+into ``docs/images/``; otherwise into the test's own temporary directory, so a test run leaves
+the checkout as it was.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.wait import WebDriverWait
 
 from jobguard import App
 from jobguard.models import JobStatus
@@ -21,17 +28,14 @@ from tests.observability.conftest import APP, Served, kill_a_worker_mid_job, sta
 from tests.support.observed_app import make_app
 from tests.support.procs import REPO_ROOT, wait_until
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-from selenium.common.exceptions import WebDriverException  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
+NO_BROWSER = (
+    "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+)
+BROWSER_REQUIRED = os.environ.get("JOBGUARD_REQUIRE_BROWSER") == "1"
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
+    not BROWSER_REQUIRED and (CHROMIUM is None or CHROMEDRIVER is None), reason=NO_BROWSER
 )
 DOCS_IMAGES = REPO_ROOT / "docs" / "images"
 TOKEN = "browser-test-token"
@@ -41,6 +45,8 @@ SCRIPT = "<script>document.title='pwned';window.pwned=1</script>"
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
     """Headless Chromium at a fixed window size (so screenshots are comparable)."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.fail(NO_BROWSER)  # only reached when the browser is required
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
@@ -50,6 +56,8 @@ def browser() -> Iterator[WebDriver]:
     try:
         driver = webdriver.Chrome(options=options, service=service)
     except WebDriverException as exc:
+        if BROWSER_REQUIRED:
+            raise
         pytest.skip(f"chromium did not start: {exc.msg}")
     try:
         yield driver
