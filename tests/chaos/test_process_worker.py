@@ -25,6 +25,8 @@ pytestmark = pytest.mark.chaos
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.support.procs_app:app"
+HEARTBEAT_S = procs_app.LEASE_S / 3  # how often a slot renews its lease and lock
+SCHEDULING_SLACK_S = 1.0
 
 
 class Supervisor:
@@ -178,6 +180,9 @@ def test_a_run_blocked_forever_is_killed_at_its_hard_limit_and_its_lock_freed(
     assert timed_out.fence == killed["fence"]
     assert timed_out.duration_s is not None
     assert timed_out.duration_s >= 2.0  # killed at its limit, not before
+    # ... and its ending (which frees its lock) written within the limit plus one heartbeat
+    # (plus room for scheduling on a loaded machine; still well under the lock's expiry).
+    assert timed_out.duration_s <= 2.0 + HEARTBEAT_S + SCHEDULING_SLACK_S
     assert papp.attempts(job_id=stuck.id)[-1].outcome is Outcome.COMPLETED
     # Each order charged once: the retry found the charge the killed run had committed.
     assert procs_app.charges(store_url) == {1: 1, 2: 1}
