@@ -19,14 +19,13 @@ import pytest
 from jobguard import App, JobStatus, Outcome
 from jobguard.models import DeadCode
 from tests.support import procs_app
-from tests.support.procs import clean_env, entry_point, wait_until
+from tests.support.procs import SCHEDULING_SLACK_S, clean_env, entry_point, wait_until
 
 pytestmark = pytest.mark.chaos
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.support.procs_app:app"
 HEARTBEAT_S = procs_app.LEASE_S / 3  # how often a slot renews its lease and lock
-SCHEDULING_SLACK_S = 1.0
 
 
 class Supervisor:

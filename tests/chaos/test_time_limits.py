@@ -25,15 +25,12 @@ from tests.support.limits_app import (
     release,
     start_worker,
 )
-from tests.support.procs import wait_until, workers
+from tests.support.procs import SCHEDULING_SLACK_S, wait_until, workers
 from tests.support.queue_app import read_events
 
 pytestmark = pytest.mark.chaos
 
 HEARTBEAT_S = LEASE_S / 3  # the renewal interval of these leases and locks
-# Room for the heartbeat thread to be scheduled on a loaded machine; the bound the test proves
-# is far below a lease length, so a release by the lease's expiry could not pass it.
-SCHEDULING_SLACK_S = 1.0
 
 
 def kinds(store_url: str, job_id: int) -> list[str]:

@@ -14,6 +14,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from selenium import webdriver
@@ -34,19 +35,23 @@ NO_BROWSER = (
     "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
 )
 BROWSER_REQUIRED = os.environ.get("JOBGUARD_REQUIRE_BROWSER") == "1"
-pytestmark = pytest.mark.skipif(
-    not BROWSER_REQUIRED and (CHROMIUM is None or CHROMEDRIVER is None), reason=NO_BROWSER
-)
 DOCS_IMAGES = REPO_ROOT / "docs" / "images"
 TOKEN = "browser-test-token"
 SCRIPT = "<script>document.title='pwned';window.pwned=1</script>"
+
+
+def _unavailable(reason: str) -> NoReturn:
+    """No browser to drive: a failure where one is required, a skip with the reason elsewhere."""
+    if BROWSER_REQUIRED:
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
     """Headless Chromium at a fixed window size (so screenshots are comparable)."""
     if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.fail(NO_BROWSER)  # only reached when the browser is required
+        _unavailable(NO_BROWSER)
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
@@ -56,9 +61,7 @@ def browser() -> Iterator[WebDriver]:
     try:
         driver = webdriver.Chrome(options=options, service=service)
     except WebDriverException as exc:
-        if BROWSER_REQUIRED:
-            raise
-        pytest.skip(f"chromium did not start: {exc.msg}")
+        _unavailable(f"chromium did not start: {exc.msg}")
     try:
         yield driver
     finally:

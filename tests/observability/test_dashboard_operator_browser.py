@@ -20,7 +20,6 @@ from tests.observability.test_dashboard_browser import (  # noqa: F401 - the fix
     TOKEN,
     browser,
     images,
-    pytestmark,
     submit,
     text_of,
 )

@@ -15,7 +15,6 @@ from tests.observability.test_dashboard_browser import (  # noqa: F401 - the bro
     TOKEN,
     browser,
     images,
-    pytestmark,
     submit,
     text_of,
 )

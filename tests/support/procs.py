@@ -15,6 +15,9 @@ from pathlib import Path
 from tests.support import stores
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Room for a worker's thread or process to be scheduled on a loaded machine, added to a time
+# bound a test asserts (kept far below a lease length, so an expiry could not pass the bound).
+SCHEDULING_SLACK_S = 1.0
 
 
 def clean_env() -> dict[str, str]:
