@@ -8,7 +8,7 @@ a black hole (packets dropped, nothing refused).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -139,28 +139,49 @@ def test_an_ack_on_a_connection_reset_meanwhile_is_written_on_a_new_connection(
     assert len(events(pg_url, "ran")) == 1
 
 
-def test_an_ack_whose_connection_is_reset_in_its_transaction_is_written_on_a_new_one(
-    pg_url: str, proxy: FaultProxy, napp: App
-) -> None:
-    """The connection carrying the ack is reset as the ack's statement is sent, inside its
-    transaction (BEGIN went through, nothing committed): the ack is written again at once, so
-    the job completes on its one attempt instead of waiting out its 30 s lease to run again.
-    Two paths redo it, either one enough: the driver's run again on a new connection, and the
-    settle's own pass item by item after its set statements failed."""
+def _ack_cut(pg_url: str, proxy: FaultProxy, napp: App, cut: Callable[[bytes], None]) -> int:
+    """A job whose ack meets ``cut``, a fault of the proxy given a line of the settle's one
+    statement (past its comment: "moved AS ("); returns the job's id once it completed and a
+    later job was settled after it (the worker settles in order, so by then whatever the cut
+    led to is written too)."""
     schema = parse_qs(urlsplit(pg_url).query)["schema"][0]
     settle = render_queries(schema)["settle_set"]
-    # A line of the settle's one statement, past its comment: "moved AS (".
     marker = settle[settle.index("moved AS (") :].split("\n")[0].encode()
     with workers(spawn_worker(proxy.url_for(pg_url), APP_MODULE, worker_id="A")) as (worker,):
         worker.wait_ready()
         job = napp.tasks[RUN_ONCE].enqueue()
         wait_until(lambda: bool(events(pg_url, "ran")), timeout_s=30)
-        proxy.reset_on(marker)
+        cut(marker)
         (stores.home_of(pg_url) / "go").touch()
         wait_until(lambda: napp.get_job(job.id).status is JobStatus.COMPLETED, timeout_s=60)
+        later = napp.tasks[RUN_ONCE].enqueue()
+        wait_until(lambda: napp.get_job(later.id).status is JobStatus.COMPLETED, timeout_s=60)
+    return job.id
+
+
+def test_an_ack_whose_connection_is_reset_as_it_is_sent_is_written_on_a_new_one(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """The connection carrying the ack is reset as the ack's statement is sent (nothing of it
+    reached the server): the ack is written again at once, so the job completes on its one
+    attempt instead of waiting out its 30 s lease to run again."""
+    job_id = _ack_cut(pg_url, proxy, napp, proxy.reset_on)
     assert proxy.reset_marker is None  # the ack's statement was cut
-    assert [a.outcome for a in napp.attempts(job_id=job.id)] == [Outcome.COMPLETED]
-    assert len(events(pg_url, "ran")) == 1
+    assert [a.outcome for a in napp.attempts(job_id=job_id)] == [Outcome.COMPLETED]
+    assert len(events(pg_url, "ran")) == 2
+
+
+def test_an_ack_that_landed_but_whose_reply_was_lost_is_known_as_written(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """The settle's one statement reaches the server and commits, and the connection is cut
+    as the server answers: the worker cannot know it landed. It writes the batch again, finds
+    its own ending already written (its attempt row closed as completed) and reports it so:
+    the job completed on its one attempt, and that attempt row is not marked refused."""
+    job_id = _ack_cut(pg_url, proxy, napp, proxy.reset_reply_to)
+    assert proxy.replies_cut == 1
+    assert [a.outcome for a in napp.attempts(job_id=job_id)] == [Outcome.COMPLETED]
+    assert len(events(pg_url, "ran")) == 2
 
 
 def test_under_latency_a_3s_lease_holds_from_fetch_to_ending(

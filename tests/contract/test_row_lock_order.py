@@ -117,6 +117,12 @@ class _Workers:
     def settle(self) -> list[Any]:
         return self.finishing.settle(self.acks)
 
+    def settle_in_a_transaction(self) -> list[Any]:
+        """The acks with a stale delivery's refusal, which only a transaction writes (its
+        attempt row is marked too): ``settle_set`` then holds its rows until the commit."""
+        stale = Ending(Guard(0, "stale", 0), Closing(0.1), Outcome.LEASE_REFUSED, reason="stale")
+        return self.finishing.settle([*self.acks, stale])
+
     def fetch(self) -> list[Prepared]:
         return self.fetching.fetch_prepared(["b"], 10, "w2", rules_for("tests.keyed"))
 
@@ -139,13 +145,13 @@ def test_a_fetch_beginning_and_a_finish_take_lock_rows_before_operation_rows(
 ) -> None:
     before = _deadlocks(url)
     results = _race(
-        two_workers.settle,
+        two_workers.settle_in_a_transaction,
         two_workers.finishing,
         "settle_set",  # the finish's one statement: every row it writes is taken by then
         two_workers.fetch,
     )
     assert _deadlocks(url) == before
-    assert results["first"] == [None, None]
+    assert results["first"] == [None, None, None]
     begun = {
         p.delivery.resource_key or p.delivery.operation_key: p.begun for p in results["second"]
     }

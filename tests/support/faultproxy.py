@@ -7,9 +7,12 @@ Modes, switched while connections are open:
 * black hole: nothing goes through, and nothing is refused: what is sent is read and dropped,
   new connections are accepted and never answered (a failed switch, a NAT timeout, a paused
   VM, as the client's side of the connection sees them);
-* reset: :meth:`FaultProxy.reset_all` cuts every open connection with a TCP reset, and
+* reset: :meth:`FaultProxy.reset_all` cuts every open connection with a TCP reset,
   :meth:`FaultProxy.reset_on` cuts the connection that next sends given bytes (a statement's
-  text), before they reach the server: a reset in the middle of that statement's transaction.
+  text), before they reach the server: a reset in the middle of that statement's transaction;
+  and :meth:`FaultProxy.reset_reply_to` passes those bytes and cuts the connection as the
+  server answers them: the statement ran (outside a transaction, it committed), and the client
+  never hears so.
 
 :meth:`FaultProxy.heal` ends a black hole; the connections that lost bytes in it are reset, as
 the client's own TCP timeout would have ended them.
@@ -25,6 +28,8 @@ import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
 
+# PostgreSQL's ReadyForQuery message: type "Z", length 5 (then one status byte).
+READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
 PASS = "pass"
 LATENCY = "latency"
 BLACK_HOLE = "black_hole"
@@ -38,6 +43,7 @@ class _Pair:
         self.server = server
         self.closed = False
         self.dropped = False  # lost bytes in a black hole: its stream is broken for good
+        self.cut_reply = False  # the server's next ReadyForQuery is not passed: a reset instead
 
     def reset(self) -> None:
         """Close both ends with a TCP reset (SO_LINGER 0), once."""
@@ -59,6 +65,8 @@ class FaultProxy:
         self.latency_s = 0.0
         self.resets = 0
         self.reset_marker: bytes | None = None
+        self.reply_marker: bytes | None = None
+        self.replies_cut = 0
         self.client_sends = 0  # chunks the clients sent: round trips, for one request at a time
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
@@ -104,6 +112,11 @@ class FaultProxy:
     def reset_on(self, marker: bytes) -> None:
         """Reset the connection that next sends ``marker``, once (the bytes are not passed)."""
         self.reset_marker = marker
+
+    def reset_reply_to(self, marker: bytes) -> None:
+        """Pass the bytes ``marker`` is in, once, then reset that connection as the server
+        says it is done with them (its ReadyForQuery is not passed)."""
+        self.reply_marker = marker
 
     def close(self) -> None:
         """Stop accepting and reset every connection."""
@@ -152,6 +165,16 @@ class FaultProxy:
                     self.reset_marker = None
                     self._reset(pair)
                     return
+                if source is pair.server and pair.cut_reply and READY_FOR_QUERY in chunk:
+                    # The server is done with the statement (and, outside a transaction, has
+                    # committed it) when it says it is ready for the next one.
+                    self.replies_cut += 1
+                    self._reset(pair)
+                    return
+                marker = self.reply_marker
+                if marker is not None and source is pair.client and marker in chunk:
+                    self.reply_marker = None
+                    pair.cut_reply = True
                 if self.mode == BLACK_HOLE:
                     pair.dropped = True
                     continue

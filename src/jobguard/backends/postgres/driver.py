@@ -24,7 +24,14 @@ from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.url import parse_postgres_url
 from jobguard.backends.sql.callers import LoopBridge, unwrap
-from jobguard.backends.sql.driver import NamedStatements, Row, Tx, UserCodeError
+from jobguard.backends.sql.driver import (
+    NamedStatements,
+    Row,
+    StatementCutOff,
+    StatementRefused,
+    Tx,
+    UserCodeError,
+)
 from jobguard.exceptions import (
     ConfigurationError,
     StepSQLError,
@@ -97,6 +104,17 @@ def channel_of(schema: str) -> str:
     return f"{schema}_jobs"
 
 
+# Parameters that are lists of records: each travels as one jsonb (jsonb_to_recordset).
+RECORD_LISTS = ("items", "rules")
+
+
+def bound(params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``params`` as psycopg sends them: each list of records (:data:`RECORD_LISTS`) as jsonb."""
+    if not any(name in params for name in RECORD_LISTS):
+        return params
+    return {name: Jsonb(value) if name in RECORD_LISTS else value for name, value in params.items()}
+
+
 class PostgresTx(NamedStatements):
     """Named statements on one connection inside a transaction."""
 
@@ -118,10 +136,8 @@ class PostgresTx(NamedStatements):
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
-        if "items" in params:  # lists of records travel as one jsonb (jsonb_to_recordset)
-            params = {**params, "items": Jsonb(params["items"])}
         cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
-        return cursor.execute(self._queries[name], params)
+        return cursor.execute(self._queries[name], bound(params))
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -420,12 +436,22 @@ class PostgresDriver:
 
     def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Any]:
         """One named write on a pooled autocommit connection; see the driver seam."""
-        try:
-            with self._pool_of_this_process().connection() as conn:
-                tx = self._tx(conn)
-                return tx.all(name, {**params, "now": tx.known_now()})
-        except psycopg.Error as exc:
-            raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
+        for attempt in range(_RETRIES):
+            try:
+                with self._pool_of_this_process().connection() as conn:
+                    tx = self._tx(conn)
+                    return tx.all(name, {"now": tx.known_now(), **params})
+            except _RETRYABLE as exc:  # the server aborted it: nothing of it was written
+                if attempt + 1 == _RETRIES:
+                    raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
+                time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
+            except psycopg.Error as exc:
+                if exc.sqlstate is not None and not is_outage(exc):
+                    raise StatementRefused(f"PostgreSQL refused {name}: {exc}") from exc
+                if connection_broke(exc):
+                    raise StatementCutOff(f"PostgreSQL write failed: {exc}") from exc
+                raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @contextmanager
     def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:

@@ -42,15 +42,41 @@ VALUES (%(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, %(run_at)s, %(
         %(concurrency_limit)s, %(now)s)
 RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
--- name: ready_jobs
--- Queued jobs whose time has come, and running jobs whose lease expired (a crashed or stalled
--- worker): both are available_at <= now. Nothing of a paused queue: the one place a pause acts.
-SELECT id, task, status, attempts, max_attempts, lease_token FROM {schema}.jobs
-WHERE queue = %(queue)s AND status IN ('queued', 'running') AND available_at <= %(now)s
-  AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues WHERE queue = %(queue)s)
-ORDER BY priority DESC, available_at, id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+-- name: lease_ready
+-- A fetch's pick and lease in one statement: the queue's ready jobs taken (queued ones whose time
+-- has come, and running ones whose lease expired: a crashed or stalled worker; both are
+-- available_at <= now; nothing of a paused queue, the one place a pause acts), the queued ones
+-- among them leased at once, as lease_jobs leases (%(rules)s: each task's lease length and
+-- attempt limit, task, lease_s and max_attempts; a task not named keeps its row's). The expired
+-- ones come back as they were, leased false: their lost attempts are closed (or the job buried)
+-- before lease_jobs leases them. In the order picked.
+WITH picked AS (
+         SELECT id, task, status, priority, available_at AS due FROM {schema}.jobs
+         WHERE queue = %(queue)s AND status IN ('queued', 'running') AND available_at <= %(now)s
+           AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues WHERE queue = %(queue)s)
+         ORDER BY priority DESC, available_at, id
+         LIMIT %(limit)s
+         FOR UPDATE SKIP LOCKED),
+     rule AS (
+         SELECT * FROM jsonb_to_recordset(%(rules)s::jsonb)
+             AS rule(task text, lease_s float8, max_attempts integer)),
+     leased AS (
+         UPDATE {schema}.jobs AS j
+         SET status = 'running', attempts = j.attempts + 1, worker_id = %(worker_id)s,
+             lease_token = replace(gen_random_uuid()::text, '-', ''),
+             available_at = %(now)s + coalesce(rule.lease_s, j.visibility_timeout_s),
+             max_attempts = coalesce(rule.max_attempts, j.max_attempts)
+         FROM picked LEFT JOIN rule ON rule.task = picked.task
+         WHERE j.id = picked.id AND picked.status = 'queued'
+         RETURNING j.*, coalesce(rule.lease_s, j.visibility_timeout_s) AS lease_s,
+                   true AS leased, picked.due)
+SELECT * FROM (
+    SELECT * FROM leased
+    UNION ALL
+    SELECT j.*, NULL::float8 AS lease_s, false AS leased, picked.due
+    FROM {schema}.jobs AS j JOIN picked ON picked.id = j.id
+    WHERE picked.status = 'running') AS taken
+ORDER BY priority DESC, due, id;
 
 -- name: close_lost_attempts
 -- A lost delivery never reported its counts: the steps it ran are those of its operation
@@ -120,7 +146,10 @@ RETURNING j.id, j.lease_token, j.cancel_requested_by;
 -- unless op_last_error) and, with close, closes its attempt row (attempt_*). Rows are taken
 -- in the order a fetch's begin takes them: jobs, locks, slots, operations (each waits, through
 -- an uncorrelated sub-query, for the one before to finish), then attempts. Returns the moved
--- job ids and how many operations it completed.
+-- job ids and how many operations it completed. With %(strict)s, a moved success whose operation
+-- it could not complete (its claim taken between the proof and the write) fails the statement
+-- instead, so that, run on its own outside a transaction, it writes nothing: the cast of a text
+-- that is no number is the one way plain SQL has to raise.
 WITH item AS (
          SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
              AS item(job_id bigint, lease_token text, resource text, fence bigint,
@@ -211,10 +240,16 @@ WITH item AS (
              steps_skipped = done.attempt_steps_skipped
          FROM done
          WHERE done.close AND a.id = done.attempt_attempt_id
-         RETURNING a.id)
+         RETURNING a.id),
+     counted AS (
+         SELECT (SELECT count(*) FROM operated WHERE status = 'completed') AS completed,
+                (SELECT count(*) FROM done WHERE op_status = 'completed') AS completing)
 SELECT (SELECT coalesce(array_agg(id), '{{}}') FROM moved) AS moved,
-       (SELECT count(*) FROM operated WHERE status = 'completed') AS completed,
-       (SELECT count(*) FROM closed) AS closed;
+       CASE WHEN NOT %(strict)s::boolean OR completed = completing THEN completed
+            ELSE ('settle_set: an operation claim was taken while settling: completed '
+                  || completed || ' of ' || completing)::bigint END AS completed,
+       (SELECT count(*) FROM closed) AS closed
+FROM counted;
 
 -- name: mark_attempts
 -- Record on stale deliveries' own attempt rows that their writes were refused (diagnostics

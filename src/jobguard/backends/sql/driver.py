@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
+from jobguard.exceptions import StoreUnavailableError
+
 T = TypeVar("T")
 Params = Mapping[str, Any]
 
@@ -65,10 +67,14 @@ class Driver(Protocol):
     def write_statement(self, name: str, params: Params) -> list[Row]:
         """Run one named write, atomic on its own, and return its rows once it committed.
 
-        ``params`` get ``now``: the store clock if the driver knows it without asking the
-        database, else ``None`` and the statement reads the database's clock itself. On
-        PostgreSQL it runs outside an explicit transaction: one round trip, no BEGIN nor
-        COMMIT (what keeps a renewal quick on a slow network).
+        ``params`` get ``now`` unless they carry it: the store clock if the driver knows it
+        without asking the database, else ``None`` and the statement reads the database's
+        clock itself. On PostgreSQL it runs outside an explicit transaction: one round trip, no
+        BEGIN nor COMMIT (what keeps a renewal quick on a slow network), run again if the server
+        aborted it (a deadlock). Raises :class:`StatementRefused` when the database refused the
+        statement itself (a value, or the statement's own check): then nothing of it was
+        written; :class:`StatementCutOff` when its connection broke, after which it may or may
+        not have been; any other failure as a :class:`StoreUnavailableError`.
         """
 
     def read(self, fn: Callable[[Tx], T]) -> T:
@@ -105,6 +111,17 @@ class Driver(Protocol):
 
     def close(self) -> None:
         """Close this process's connections."""
+
+
+class StatementRefused(StoreUnavailableError):
+    """The database refused one statement of :meth:`Driver.write_statement` (a value it would
+    not store, or the statement's own check), not the connection or the server failing:
+    nothing of it was written."""
+
+
+class StatementCutOff(StoreUnavailableError):
+    """The connection of a :meth:`Driver.write_statement` broke with the statement sent, or
+    about to be: it may or may not have been written."""
 
 
 class UserCodeError(Exception):

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from jobguard.backends.base import REFUSED_OUTCOMES, SUCCESS_OUTCOMES, Ending
-from jobguard.backends.sql.driver import Driver, Tx
+from jobguard.backends.sql.driver import Driver, StatementCutOff, StatementRefused, Tx
 from jobguard.backends.sql.proofs import fence_of, release_locks, slot_proof, verify
 from jobguard.core import messages
 from jobguard.exceptions import GuardLost, JobGuardError, StoreUnavailableError
@@ -177,19 +177,52 @@ class EndingWrites:
         if not written:
             return [None] * len(endings)
         try:
-            results = self.driver.write(lambda tx: self._batch(tx, written, careful=False))
+            if self._in_one_statement(written):
+                results = self._statement(written)
+            else:
+                results = self.driver.write(lambda tx: self._batch(tx, written, careful=False))
         except _RedoCarefully:
             results = self.driver.write(lambda tx: self._batch(tx, written, careful=True))
         found = iter(results)
         return [next(found) if ending.writes else None for ending in endings]
 
+    def _in_one_statement(self, endings: Sequence[Ending]) -> bool:
+        """Whether the batch is written by ``settle_set`` alone, outside a transaction: on
+        PostgreSQL, when no ending is a refusal (those mark their attempt rows too) and no job
+        comes twice (see :meth:`_set`)."""
+        return (
+            self.driver.dialect == "postgres"
+            and not any(ending.outcome in REFUSED_OUTCOMES for ending in endings)
+            and len({ending.guard.job_id for ending in endings}) == len(endings)
+        )
+
+    def _statement(self, endings: Sequence[Ending]) -> list[JobGuardError | None]:
+        """The batch as one ``settle_set`` of its own: one round trip, atomic, no BEGIN nor
+        COMMIT. A claim taken in between fails the statement (``strict``), which then wrote
+        nothing, and the batch is run carefully; so does a value the database refused. Cut off
+        (its connection broke), it may or may not have landed: the batch is written again in a
+        transaction, where an ending its first run wrote is known by its attempt row."""
+        items = [_set_item(ending) for ending in endings]
+        params = {"items": items, "now": self.driver.now(), "strict": True}
+        try:
+            (row,) = self.driver.write_statement("settle_set", params)
+        except StatementRefused as exc:
+            raise _RedoCarefully() from exc
+        except StatementCutOff:
+            return self.driver.write(lambda tx: self._batch(tx, endings, careful=False, again=True))
+        moved = set(row["moved"])
+        if len(moved) == len(endings):
+            return [None] * len(endings)
+        return self.driver.read(lambda tx: self._refusals(tx, endings, moved))
+
     def _batch(
-        self, tx: Tx, endings: Sequence[Ending], *, careful: bool
+        self, tx: Tx, endings: Sequence[Ending], *, careful: bool, again: bool = False
     ) -> list[JobGuardError | None]:
+        """``again``: the batch may have been written already (see :meth:`_statement`)."""
         now = tx.now()
         if not careful:
             try:
-                return self._set(tx, endings, now)
+                return self._set(tx, endings, now, again)
             except _RedoCarefully:
                 raise
             except Exception as exc:  # a row the driver cannot store, say: find which, alone
@@ -198,7 +231,7 @@ class EndingWrites:
         for ending in endings:
             try:
                 with tx.savepoint():
-                    (refusal,) = self._set(tx, [ending], now)
+                    (refusal,) = self._set(tx, [ending], now, again)
                 refused.append(refusal)
             except _RedoCarefully:  # its claim was taken between its proof and its write
                 refused.append(messages.claim_lost(_claim_of(ending) or ""))
@@ -213,7 +246,9 @@ class EndingWrites:
                 refused.append(failed)
         return refused
 
-    def _set(self, tx: Tx, endings: Sequence[Ending], now: float) -> list[JobGuardError | None]:
+    def _set(
+        self, tx: Tx, endings: Sequence[Ending], now: float, again: bool
+    ) -> list[JobGuardError | None]:
         """Every ending of the batch: jobs moved where every proof holds, then their locks
         released, operations completed or unclaimed, attempts closed or marked."""
         moving = [ending for ending in endings if ending.outcome != Outcome.LEASE_REFUSED]
@@ -223,7 +258,7 @@ class EndingWrites:
             raise _RedoCarefully()
         if self.driver.dialect == "postgres":
             moved = self._set_in_one(tx, moving, now)
-            refused = self._refusals(tx, endings, moved)
+            refused = self._refusals(tx, endings, moved, again)
             self._mark(tx, endings, now)
             return refused
         items = [_job_item(ending) for ending in moving]
@@ -232,7 +267,7 @@ class EndingWrites:
             if items
             else set()
         )
-        refused = self._refusals(tx, endings, moved)
+        refused = self._refusals(tx, endings, moved, again)
         done = [ending for ending in moving if ending.guard.job_id in moved]
         # Lock rows before operation rows, as a fetch's begin takes them: two workers, one
         # settling and one beginning, never wait for each other in opposite orders.
@@ -268,7 +303,7 @@ class EndingWrites:
         if not moving:
             return set()
         items = [_set_item(ending) for ending in moving]
-        row = tx.one("settle_set", {"items": items, "now": now})
+        row = tx.one("settle_set", {"items": items, "now": now, "strict": False})
         assert row is not None  # a SELECT of sub-queries always returns its one row
         moved = set(row["moved"])
         completing = sum(1 for e in moving if e.guard.job_id in moved and _claim_of(e) is not None)
@@ -277,11 +312,16 @@ class EndingWrites:
         return moved
 
     @staticmethod
-    def _refusals(tx: Tx, endings: Sequence[Ending], moved: set[int]) -> list[JobGuardError | None]:
-        """Each ending's refusal: ``None`` where its job moved (or it was a refusal itself)."""
+    def _refusals(
+        tx: Tx, endings: Sequence[Ending], moved: set[int], again: bool = False
+    ) -> list[JobGuardError | None]:
+        """Each ending's refusal: ``None`` where its job moved (or it was a refusal itself), or,
+        ``again``, where its attempt row shows this very ending written by the first run."""
         return [
             None
-            if ending.outcome in REFUSED_OUTCOMES or ending.guard.job_id in moved
+            if ending.outcome in REFUSED_OUTCOMES
+            or ending.guard.job_id in moved
+            or (again and _written_before(tx, ending))
             else _refusal(tx, ending)
             for ending in endings
         ]
@@ -292,6 +332,18 @@ class EndingWrites:
         marking = [_mark_item(e) for e in endings if e.outcome in REFUSED_OUTCOMES]
         if marking:
             tx.run("mark_attempts", {"items": marking, "now": now})
+
+
+def _written_before(tx: Tx, ending: Ending) -> bool:
+    """Whether ``ending``'s attempt row was closed with its outcome: only this ending's own
+    settle writes that (a lost lease is closed as ``lost``, a refusal marks its own kind)."""
+    guard = ending.guard
+    return any(
+        row["id"] == guard.attempt_id
+        and row["outcome"] == ending.outcome.value
+        and row["ended_at"] is not None
+        for row in tx.all("attempts_of_job", {"job_id": guard.job_id})
+    )
 
 
 def _refusal(tx: Tx, ending: Ending) -> GuardLost:

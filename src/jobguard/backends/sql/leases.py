@@ -138,17 +138,19 @@ class Leases:
         def op(tx: Tx) -> list[Prepared]:
             granted_at = time.monotonic()  # before the lease's start is read from the store
             now = tx.now()
-            picked: list[Row] = []
-            for queue in queues:
-                if len(picked) >= limit:
-                    break
-                params = {"queue": queue, "now": now, "limit": limit - len(picked)}
-                picked.extend(tx.all("ready_jobs", params))
-            spent = self._close_expired(tx, picked, task_rules, now)
-            live = [row for row in picked if row["id"] not in spent]
-            if not live:
+            picked = self._pick(tx, queues, limit, task_rules, worker_id, now)
+            waiting = [row for row in picked if not _leased(row)]
+            spent = self._close_expired(tx, waiting, task_rules, now)
+            leased = self._lease(
+                tx, [row for row in waiting if row["id"] not in spent], task_rules, worker_id, now
+            )
+            deliveries = [
+                rows.delivery(row if _leased(row) else leased[row["id"]], 0)
+                for row in picked
+                if row["id"] not in spent
+            ]
+            if not deliveries:
                 return []
-            deliveries = self._lease(tx, live, task_rules, worker_id, now)
             requests = [begin_request(d, task_rules.get(d.task), worker_id) for d in deliveries]
             return self._begin_fetched(tx, deliveries, requests, now, granted_at)
 
@@ -214,6 +216,44 @@ class Leases:
             tx.run("bury_lost", params)
         return spent
 
+    def _pick(
+        self,
+        tx: Tx,
+        queues: Sequence[str],
+        limit: int,
+        rules: Mapping[str, DeliveryRules],
+        worker_id: str,
+        now: float,
+    ) -> list[Row]:
+        """Up to ``limit`` ready jobs of ``queues``, the first queue first, in the order taken.
+
+        On PostgreSQL the queued ones come back leased already (``lease_ready``: one statement,
+        not a pick and then a lease); the rest, and on SQLite all, are leased by :meth:`_lease`
+        once expired leases are closed.
+        """
+        in_one = self.driver.dialect == "postgres"
+        if in_one:
+            # A task's lease and attempt limit, when its rule sets them (else its row's).
+            rule_items = [
+                {
+                    "task": task,
+                    "lease_s": rule.visibility_timeout_s,
+                    "max_attempts": rule.max_attempts,
+                }
+                for task, rule in rules.items()
+            ]
+        picked: list[Row] = []
+        for queue in queues:
+            if len(picked) >= limit:
+                break
+            params = {"queue": queue, "now": now, "limit": limit - len(picked)}
+            if in_one:
+                params = {**params, "rules": rule_items, "worker_id": worker_id}
+                picked.extend(tx.all("lease_ready", params))
+            else:
+                picked.extend(tx.all("ready_jobs", params))
+        return picked
+
     @staticmethod
     def _lease(
         tx: Tx,
@@ -221,10 +261,10 @@ class Leases:
         rules: Mapping[str, DeliveryRules],
         worker_id: str,
         now: float,
-    ) -> list[Delivery]:
+    ) -> dict[int, Row]:
         """New leases for ``picked`` (one statement per lease length and attempt limit); the
-        row keeps the attempt limit the worker enforces. Their attempt rows are written by
-        :meth:`_begin_fetched` (until then ``attempt_id`` is 0), with what each begin got."""
+        row keeps the attempt limit the worker enforces. The leased rows by job id; their
+        attempt rows are written by :meth:`_begin_fetched`, with what each begin got."""
         by_rule: dict[tuple[float | None, int | None], list[int]] = {}
         for row in picked:
             rule = rules.get(row["task"])
@@ -240,7 +280,7 @@ class Leases:
                 "now": now,
             }
             leased.update((row["id"], row) for row in tx.all("lease_jobs", params))
-        return [rows.delivery(leased[row["id"]], 0) for row in picked]
+        return leased
 
     def admit_host_delivery(
         self, spec: JobSpec, worker_id: str, rules: DeliveryRules, host_delivery: str
@@ -265,7 +305,9 @@ class Leases:
             assert row is not None
             if self._close_expired(tx, [row], task_rules, now):
                 return HostAdmission(Admit.DEAD, row["id"])  # its attempts were spent
-            delivery = self._lease(tx, [row], task_rules, worker_id, now)[0]
+            delivery = rows.delivery(
+                self._lease(tx, [row], task_rules, worker_id, now)[row["id"]], 0
+            )
             # Begun in the lease's transaction, as a fetch begins what it leases; its attempt
             # row names the host's delivery id as it is written.
             request = begin_request(delivery, rules, worker_id)
@@ -391,6 +433,11 @@ def _insert_attempts(
         )
     found = tx.all("insert_attempts", {"items": items, "now": now, "host": host_delivery})
     return {row["job_id"]: row["id"] for row in found}
+
+
+def _leased(row: Row) -> bool:
+    """Whether a picked row came back leased already (``lease_ready``), or is still to lease."""
+    return bool(row["leased"])
 
 
 def _independent(requests: Sequence[BeginRequest | None]) -> bool:

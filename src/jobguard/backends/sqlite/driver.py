@@ -188,7 +188,7 @@ class SQLiteDriver:
 
     def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Row]:
         """One named write in its own (grouped) transaction, on the store clock."""
-        return self.write(lambda tx: tx.all(name, {**params, "now": tx.now()}))
+        return self.write(lambda tx: tx.all(name, {"now": tx.now(), **params}))
 
     def read(self, fn: Callable[[SQLiteTx], T]) -> T:
         """Run ``fn`` on this thread's read connection."""

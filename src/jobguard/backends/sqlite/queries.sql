@@ -40,7 +40,9 @@ RETURNING *;
 -- name: ready_jobs
 -- Queued jobs whose time has come, and running jobs whose lease expired (a crashed or stalled
 -- worker): both are available_at <= now. Nothing of a paused queue: the one place a pause acts.
-SELECT id, task, status, attempts, max_attempts, lease_token FROM jobs
+-- None comes back leased (0): SQLite leases them with lease_jobs (PostgreSQL's lease_ready
+-- picks and leases in one statement).
+SELECT id, task, status, attempts, max_attempts, lease_token, 0 AS leased FROM jobs
 WHERE queue = :queue AND status IN ('queued', 'running') AND available_at <= :now
   AND NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = :queue)
 ORDER BY priority DESC, available_at, id
