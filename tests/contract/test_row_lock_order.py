@@ -168,7 +168,7 @@ def test_a_finish_waiting_for_a_lock_row_a_begin_holds_has_not_taken_its_operati
     finish of the lock's and the operation's holders starts; the finish must wait there, before
     the operation row, which the begin takes next."""
     before = _deadlocks(url)
-    results = _race(two_workers.fetch, two_workers.fetching, "grant_locks", two_workers.settle)
+    results = _race(two_workers.fetch, two_workers.fetching, "begin_batch", two_workers.settle)
     assert _deadlocks(url) == before
     assert results["second"] == [None, None]
     assert len(results["first"]) == 2

@@ -31,7 +31,7 @@ HISTORY = 5000
 JOBS = 12
 # The statements a full-guard delivery runs: fetch, begin, step, settle.
 PATH = frozenset({
-    "lease_ready", "grant_locks", "insert_operations", "insert_attempts",
+    "lease_ready", "begin_batch",
     "guard_state", "insert_step", "settle_set",
 })  # fmt: skip
 HISTORY_TABLES = ("jobs", "attempts", "operations", "locks", "slots", "steps")
@@ -40,6 +40,12 @@ PARAM = re.compile(r"%\((\w+)\)s")
 # The other statements that take a list of items, each with items naming history rows.
 ITEMS_OFF_PATH: dict[str, list[dict[str, Any]]] = {
     "extend_leases": [{"job_id": n, "lease_token": "t", "visibility_timeout_s": 3} for n in (1, 2)],
+    # A batch's begin one statement at a time (one asking for a slot, or two for one resource).
+    "grant_locks": [{"resource": f"old-res:{n}", "owner": "o", "expires_at": 9} for n in (1, 2)],
+    "insert_operations": [
+        {"key": f"old-op:{n}", "resource_key": None, "owner_lease": "t", "fence": 1} for n in (1, 2)
+    ],
+    "insert_attempts": [{"job_id": n, "lock_owner": "o", "fence": 2} for n in (1, 2)],
     "renew_locks": [{"resource": f"old-res:{n}", "owner": "o", "ttl_s": 3} for n in (1, 2)],
     "release_locks": [{"resource": f"old-res:{n}", "owner": "o"} for n in (1, 2)],
     "renew_slots": [{"key": f"old-slot:{n}", "slot": 0, "owner": "o", "ttl_s": 3} for n in (1, 2)],

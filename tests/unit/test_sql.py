@@ -47,6 +47,7 @@ DRIVERS = ["jobguard.backends.sqlite", "jobguard.backends.postgres"]
 DIALECT_ONLY = {
     "settle_set": "postgres",
     "lease_ready": "postgres",
+    "begin_batch": "postgres",
     "ready_jobs": "sqlite",
     **{name: "sqlite" for name in ("settle_jobs", "complete_operations", "release_operations")},
     "close_attempts": "sqlite",

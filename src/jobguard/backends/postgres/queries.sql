@@ -342,6 +342,67 @@ SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expir
 WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
 RETURNING resource, fence;
 
+-- name: begin_batch
+-- A fetched batch's begin in one statement, for deliveries that ask for distinct resources and
+-- operations and no concurrency slot (%(items)s: job_id, and, if it asks, resource, owner and
+-- expires_at of its lock, key of its operation): every lock granted as grant_locks grants (in
+-- resource order), then every new operation inserted and claimed as insert_operations inserts
+-- (in key order, once every lock row is taken: the order a finish takes rows in), for a
+-- delivery whose lock was granted or that asks for none, then every attempt row written as
+-- insert_attempts writes it, with the lock it was granted (%(host)s: a host queue's delivery).
+-- Per item: the fence granted (NULL: the lock is busy, or none was asked for), its attempt
+-- row's id, and the operation row if it was inserted here (op_*; an operation already recorded
+-- is claimed, or found busy, one at a time afterwards).
+WITH item AS (
+         SELECT * FROM ROWS FROM (jsonb_to_recordset(%(items)s::jsonb)
+                                  AS (job_id bigint, resource text, owner text,
+                                      expires_at float8, key text))
+             WITH ORDINALITY AS item(job_id, resource, owner, expires_at, key, n)),
+     granted AS (
+         INSERT INTO {schema}.locks (resource, owner, fence, expires_at)
+         SELECT item.resource, item.owner, 1, item.expires_at
+         FROM item
+         WHERE item.resource IS NOT NULL
+         ORDER BY item.resource COLLATE "C"
+         ON CONFLICT (resource) DO UPDATE
+         SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
+         WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
+         RETURNING resource, owner, fence),
+     claimed AS (
+         INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence,
+                                          created_at, updated_at)
+         SELECT item.key, 'processing', item.resource, j.lease_token, 1, granted.fence,
+                %(now)s, %(now)s
+         FROM item JOIN {schema}.jobs AS j ON j.id = item.job_id
+              LEFT JOIN granted ON granted.resource = item.resource
+         WHERE (SELECT count(*) FROM granted) >= 0
+           AND j.id = ANY (ARRAY(SELECT job_id FROM item))
+           AND item.key IS NOT NULL AND (item.resource IS NULL OR granted.resource IS NOT NULL)
+         ORDER BY item.key COLLATE "C"
+         ON CONFLICT (key) DO NOTHING
+         RETURNING *),
+     attempt AS (
+         INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, worker_id,
+                                        lease_token, lock_owner, fence, started_at,
+                                        host_delivery)
+         SELECT j.id, j.attempts, j.task, j.queue, j.operation_key, j.worker_id, j.lease_token,
+                granted.owner, granted.fence, %(now)s, %(host)s::text
+         FROM item JOIN {schema}.jobs AS j ON j.id = item.job_id
+              LEFT JOIN granted ON granted.resource = item.resource
+         WHERE j.id = ANY (ARRAY(SELECT job_id FROM item))
+         ORDER BY item.n  -- attempt ids in the batch's order, as insert_attempts gives them
+         RETURNING id, job_id)
+SELECT item.job_id, granted.fence, attempt.id AS attempt_id,
+       claimed.key AS op_key, claimed.status AS op_status,
+       claimed.resource_key AS op_resource_key, claimed.result AS op_result,
+       claimed.external_ref AS op_external_ref, claimed.attempts AS op_attempts,
+       claimed.fence AS op_fence, claimed.created_at AS op_created_at,
+       claimed.updated_at AS op_updated_at, claimed.completed_at AS op_completed_at,
+       claimed.last_error AS op_last_error
+FROM item JOIN attempt ON attempt.job_id = item.job_id
+     LEFT JOIN granted ON granted.resource = item.resource
+     LEFT JOIN claimed ON claimed.key = item.key;
+
 -- name: grant_slots
 -- Concurrency slots for many deliveries (%(items)s: key, lim, owner, expires_at, nth): each gets
 -- the nth (from 0) free slot of its key among slots 0..lim-1 (free: never held, released or

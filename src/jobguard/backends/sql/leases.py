@@ -170,19 +170,25 @@ class Leases:
         """Begin deliveries leased in this transaction, one by one in :func:`_lock_order`, or
         as a set (a few statements for the batch) when no two of them ask for the same
         resource or operation, so that none depends on what another got; then write their
-        attempt rows, each with the lock it holds (one row written once, not marked after)."""
+        attempt rows, each with the lock it holds (one row written once, not marked after). On
+        PostgreSQL a set without concurrency slots is begun, attempt rows included, by one
+        statement (see :meth:`Proofs.begin_set`)."""
         wanted = [index for index, request in enumerate(requests) if request is not None]
         order = sorted(wanted, key=lambda i: _lock_order(requests[i]))
         guards = [Guard(d.job_id, d.lease_token, d.attempt_id) for d in deliveries]
         begun: list[Begun | None] = [None] * len(deliveries)
+        attempt_ids = None
         if _independent([requests[index] for index in order]):
-            self.proofs.begin_set(tx, guards, requests, order, begun, now)
+            attempt_ids = self.proofs.begin_set(
+                tx, guards, requests, order, begun, now, host_delivery
+            )
         else:
             for index in order:
                 request = requests[index]
                 assert request is not None
                 begun[index] = self.proofs.begin_one(tx, guards[index], request, now, leased=True)
-        attempt_ids = _insert_attempts(tx, deliveries, begun, now, host_delivery)
+        if attempt_ids is None:
+            attempt_ids = _insert_attempts(tx, deliveries, begun, now, host_delivery)
         return [
             Prepared(
                 replace(delivery, attempt_id=attempt_ids[delivery.job_id]),

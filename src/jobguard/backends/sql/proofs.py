@@ -150,6 +150,23 @@ def grant_slots(
     return missing
 
 
+# The columns of an ``operations`` row that :func:`rows.operation` reads; ``begin_batch``
+# returns those of the operations it inserted with the prefix ``op_``.
+_OPERATION_COLUMNS = (
+    "key",
+    "status",
+    "resource_key",
+    "result",
+    "external_ref",
+    "attempts",
+    "fence",
+    "created_at",
+    "updated_at",
+    "completed_at",
+    "last_error",
+)
+
+
 class Proofs:
     """The lock and operation ports, and the begin of fetched batches, over one driver."""
 
@@ -164,12 +181,26 @@ class Proofs:
         order: Sequence[int],
         begun: list[Begun | None],
         now: float,
-    ) -> None:
+        host_delivery: str | None = None,
+    ) -> dict[int, int] | None:
         """:meth:`begin_one` for a batch of deliveries leased in this transaction that ask for
         distinct resources and operations: one statement grants every lock, one inserts every
-        new operation; only operations already recorded are claimed one at a time. Fills
-        ``guards`` (grants) and ``begun``; their attempt rows are written after, with what each
-        holds then."""
+        new operation; only operations already recorded are claimed one at a time, in
+        ``order``. Fills ``guards`` (grants) and ``begun``. On PostgreSQL, when none asks for a
+        concurrency slot (granted between the locks and the operations, by a statement of its
+        own), one statement does all of it and writes the attempt rows too: then it returns
+        their ids by job (``host_delivery``: the host queue's delivery they name). Else
+        ``None``: the caller writes them, with what each holds then."""
+        in_one = self.driver.dialect == "postgres" and all(
+            request is None or request.concurrency_key is None for request in requests
+        )
+        if in_one:
+            self._begin_and_record(tx, guards, requests, begun, now, host_delivery)
+            for index in order:
+                request = requests[index]
+                if begun[index] is None and request is not None and request.operation_key:
+                    begun[index] = self._claim_or_busy(tx, guards[index], request, now, marked=True)
+            return {guard.job_id: guard.attempt_id for guard in guards}
         wanted = {index: request for index in order if (request := requests[index]) is not None}
         self._grant_set(tx, guards, wanted, begun, now)
         # Slots of one key are shared within a batch (one statement hands out distinct ones).
@@ -209,6 +240,53 @@ class Proofs:
                 begun[index] = Begun(grant=guard.lock, operation=operation, slot=guard.slot)
             else:  # recorded already: claimed, or busy with a live delivery's claim
                 begun[index] = self._claim_or_busy(tx, guard, request, now, marked=False)
+        return None
+
+    @staticmethod
+    def _begin_and_record(
+        tx: Tx,
+        guards: list[Guard],
+        requests: Sequence[BeginRequest | None],
+        begun: list[Begun | None],
+        now: float,
+        host_delivery: str | None,
+    ) -> None:
+        """The batch's locks granted, its new operations inserted and claimed and its attempt
+        rows written, in one statement (``begin_batch``); fills ``guards`` (attempt ids and
+        grants) and ``begun``, except for operations already recorded (left ``None``)."""
+        items = []
+        for guard, request in zip(guards, requests, strict=True):
+            locking = request is not None and request.resource_key is not None
+            items.append(
+                {
+                    "job_id": guard.job_id,
+                    "resource": request.resource_key if request else None,
+                    "owner": request.lock_owner if request and locking else None,
+                    "expires_at": now + request.lock_ttl_s if request and locking else None,
+                    "key": request.operation_key if request else None,
+                }
+            )
+        params = {"items": items, "now": now, "host": host_delivery}
+        found = {row["job_id"]: row for row in tx.all("begin_batch", params)}
+        for index, request in enumerate(requests):
+            row = found[guards[index].job_id]
+            guard = guards[index] = replace(guards[index], attempt_id=row["attempt_id"])
+            if request is None:
+                continue
+            if request.resource_key is not None:
+                if row["fence"] is None:
+                    begun[index] = Begun(busy=BusyReason.LOCK)
+                    continue
+                expires_at = now + request.lock_ttl_s
+                grant = LockGrant(
+                    request.resource_key, request.lock_owner, row["fence"], expires_at
+                )
+                guard = guards[index] = replace(guard, lock=grant)
+            if request.operation_key is None:
+                begun[index] = Begun(grant=guard.lock)
+            elif row["op_key"] is not None:
+                inserted = {name: row[f"op_{name}"] for name in _OPERATION_COLUMNS}
+                begun[index] = Begun(grant=guard.lock, operation=rows.operation(inserted, []))
 
     @staticmethod
     def _grant_set(
