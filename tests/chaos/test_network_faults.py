@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from jobguard import App, JobStatus, Outcome
-from jobguard.backends.base import Renewal
+from jobguard.backends.base import Closing, Ending, Renewal
 from jobguard.backends.postgres.driver import render_queries
 from jobguard.pipeline import guard_of
 from tests.support import pg, stores
@@ -235,3 +235,24 @@ def test_a_renewal_is_one_round_trip_and_counts_from_the_lease_start(
         assert proxy.client_sends == 1
     finally:
         worker_app.close()
+
+
+def test_a_batch_of_successes_settles_in_one_round_trip(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """Endings with no refusal among them are one statement outside a transaction: no BEGIN,
+    clock reading nor COMMIT around it (the clock was just read by the fetch)."""
+    for n in (1, 2):
+        napp.tasks[BRIEF].enqueue(n=n, work_s=0.0)
+    worker_app = make_app(proxy.url_for(pg_url))
+    try:
+        backend = worker_app.backend
+        fetched = backend.fetch_prepared(["default"], 2, "w", None)
+        assert len(fetched) == 2
+        endings = [Ending(guard_of(p.delivery), Closing(0.01)) for p in fetched]
+        proxy.server_readies = 0
+        assert backend.settle(endings) == [None, None]
+        assert proxy.server_readies == 1
+    finally:
+        worker_app.close()
+    assert {napp.get_job(p.delivery.job_id).status for p in fetched} == {JobStatus.COMPLETED}

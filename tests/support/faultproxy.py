@@ -44,6 +44,7 @@ class _Pair:
         self.closed = False
         self.dropped = False  # lost bytes in a black hole: its stream is broken for good
         self.cut_reply = False  # the server's next ReadyForQuery is not passed: a reset instead
+        self.reply_tail = b""  # the last bytes the server sent, for a message split across reads
 
     def reset(self) -> None:
         """Close both ends with a TCP reset (SO_LINGER 0), once."""
@@ -68,6 +69,8 @@ class FaultProxy:
         self.reply_marker: bytes | None = None
         self.replies_cut = 0
         self.client_sends = 0  # chunks the clients sent: round trips, for one request at a time
+        # Round trips the server finished (its ReadyForQuery), counted whatever the chunking.
+        self.server_readies = 0
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -160,6 +163,10 @@ class FaultProxy:
                     break
                 if source is pair.client:
                     self.client_sends += 1
+                else:
+                    seen = pair.reply_tail + chunk
+                    self.server_readies += seen.count(READY_FOR_QUERY)
+                    pair.reply_tail = seen[-(len(READY_FOR_QUERY) - 1) :]
                 marker = self.reset_marker
                 if marker is not None and source is pair.client and marker in chunk:
                     self.reset_marker = None

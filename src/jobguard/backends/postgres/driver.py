@@ -80,6 +80,14 @@ _ENDS_TRANSACTION = frozenset(
 _WORD = re.compile(r"[A-Za-z_]+")
 
 
+def _pause_before_retry(attempt: int, exc: psycopg.Error) -> None:
+    """Wait a little, longer each time, before running again a write the server aborted
+    (``attempt`` from 0); after the last of :data:`_RETRIES`, give up."""
+    if attempt + 1 == _RETRIES:
+        raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
+    time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
+
+
 def render_queries(schema: str) -> dict[str, str]:
     """The named statements with jobguard's schema and notification channel filled in.
 
@@ -424,9 +432,7 @@ class PostgresDriver:
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
             except _RETRYABLE as exc:
-                if attempt + 1 == _RETRIES:
-                    raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
-                time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
+                _pause_before_retry(attempt, exc)
             except psycopg.Error as exc:  # the pool's own errors (a timeout) included
                 if not fresh and not committing and connection_broke(exc):
                     fresh = True
@@ -442,9 +448,7 @@ class PostgresDriver:
                     tx = self._tx(conn)
                     return tx.all(name, {"now": tx.known_now(), **params})
             except _RETRYABLE as exc:  # the server aborted it: nothing of it was written
-                if attempt + 1 == _RETRIES:
-                    raise StoreUnavailableError(f"PostgreSQL write kept failing: {exc}") from exc
-                time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
+                _pause_before_retry(attempt, exc)
             except psycopg.Error as exc:
                 if exc.sqlstate is not None and not is_outage(exc):
                     raise StatementRefused(f"PostgreSQL refused {name}: {exc}") from exc

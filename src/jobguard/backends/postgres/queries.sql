@@ -146,11 +146,14 @@ RETURNING j.id, j.lease_token, j.cancel_requested_by;
 -- unless op_last_error) and, with close, closes its attempt row (attempt_*). Rows are taken
 -- in the order a fetch's begin takes them: jobs, locks, slots, operations (each waits, through
 -- an uncorrelated sub-query, for the one before to finish), then attempts. Returns the moved
--- job ids and how many operations it completed. With %(strict)s, a moved success whose operation
--- it could not complete (its claim taken between the proof and the write) fails the statement
+-- job ids and how many operations it completed. %(now)s NULL: the server's clock, read by the
+-- statement itself (as extend_leases does), so settling needs no reading of its own. With
+-- %(strict)s, a moved success whose operation it could not complete (its claim taken between the proof and the write) fails the statement
 -- instead, so that, run on its own outside a transaction, it writes nothing: the cast of a text
 -- that is no number is the one way plain SQL has to raise.
-WITH item AS (
+WITH clock AS (
+         SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
+     item AS (
          SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
              AS item(job_id bigint, lease_token text, resource text, fence bigint,
                      slot_key text, slot integer, slot_fence bigint, key text, status text,
@@ -170,11 +173,11 @@ WITH item AS (
          UPDATE {schema}.jobs AS j
          SET status = item.status,
              available_at = CASE WHEN item.status = 'queued'
-                                 THEN %(now)s + coalesce(item.delay_s, 0) END,
+                                 THEN (SELECT now FROM clock) + coalesce(item.delay_s, 0) END,
              run_at = CASE WHEN item.delay_s IS NULL THEN j.run_at
-                           ELSE %(now)s + item.delay_s END,
+                           ELSE (SELECT now FROM clock) + item.delay_s END,
              lease_token = NULL,
-             finished_at = CASE WHEN item.status = 'queued' THEN j.finished_at ELSE %(now)s END,
+             finished_at = CASE WHEN item.status = 'queued' THEN j.finished_at ELSE (SELECT now FROM clock) END,
              attempts = j.attempts - item.uncharge,
              deferrals = j.deferrals + item.deferral,
              last_error = CASE WHEN item.set_error THEN item.last_error ELSE j.last_error END,
@@ -220,11 +223,11 @@ WITH item AS (
              external_ref = CASE WHEN done.op_status = 'completed' THEN done.op_external_ref
                                  ELSE o.external_ref END,
              fence = CASE WHEN done.op_status = 'completed' THEN done.op_fence ELSE o.fence END,
-             completed_at = CASE WHEN done.op_status = 'completed' THEN %(now)s
+             completed_at = CASE WHEN done.op_status = 'completed' THEN (SELECT now FROM clock)
                                  ELSE o.completed_at END,
              last_error = CASE WHEN done.op_status = 'completed' THEN NULL
                                ELSE coalesce(done.op_last_error, o.last_error) END,
-             owner_lease = NULL, updated_at = %(now)s
+             owner_lease = NULL, updated_at = (SELECT now FROM clock)
          FROM done
          WHERE (SELECT count(*) FROM freed_slots) >= 0
            AND o.key = done.op_key AND o.owner_lease = done.lease_token
@@ -232,7 +235,7 @@ WITH item AS (
          RETURNING o.status),
      closed AS (
          UPDATE {schema}.attempts AS a
-         SET outcome = done.attempt_outcome, ended_at = %(now)s,
+         SET outcome = done.attempt_outcome, ended_at = (SELECT now FROM clock),
              duration_s = done.attempt_duration_s,
              error_type = done.attempt_error_type, error_message = done.attempt_error_message,
              traceback = done.attempt_traceback, lock_owner = done.attempt_lock_owner,

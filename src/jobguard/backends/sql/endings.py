@@ -193,7 +193,7 @@ class EndingWrites:
         return (
             self.driver.dialect == "postgres"
             and not any(ending.outcome in REFUSED_OUTCOMES for ending in endings)
-            and len({ending.guard.job_id for ending in endings}) == len(endings)
+            and _one_per_job(endings)
         )
 
     def _statement(self, endings: Sequence[Ending]) -> list[JobGuardError | None]:
@@ -203,7 +203,8 @@ class EndingWrites:
         (its connection broke), it may or may not have landed: the batch is written again in a
         transaction, where an ending its first run wrote is known by its attempt row."""
         items = [_set_item(ending) for ending in endings]
-        params = {"items": items, "now": self.driver.now(), "strict": True}
+        # The store clock if known without a round trip, else read by the statement itself.
+        params = {"items": items, "strict": True}
         try:
             (row,) = self.driver.write_statement("settle_set", params)
         except StatementRefused as exc:
@@ -252,7 +253,7 @@ class EndingWrites:
         """Every ending of the batch: jobs moved where every proof holds, then their locks
         released, operations completed or unclaimed, attempts closed or marked."""
         moving = [ending for ending in endings if ending.outcome != Outcome.LEASE_REFUSED]
-        if len({ending.guard.job_id for ending in moving}) < len(moving):
+        if not _one_per_job(moving):
             # Two deliveries of one job (a stale lease and the current one): what settle_jobs
             # returns (job ids) cannot tell them apart, so the careful path takes them in turn.
             raise _RedoCarefully()
@@ -332,6 +333,11 @@ class EndingWrites:
         marking = [_mark_item(e) for e in endings if e.outcome in REFUSED_OUTCOMES]
         if marking:
             tx.run("mark_attempts", {"items": marking, "now": now})
+
+
+def _one_per_job(endings: Sequence[Ending]) -> bool:
+    """No job comes twice (a stale lease and the current one of one job)."""
+    return len({ending.guard.job_id for ending in endings}) == len(endings)
 
 
 def _written_before(tx: Tx, ending: Ending) -> bool:

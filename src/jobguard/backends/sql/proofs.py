@@ -150,6 +150,12 @@ def grant_slots(
     return missing
 
 
+def _lock_grant(request: BeginRequest, fence: int, now: float) -> LockGrant:
+    """The lock ``request`` asked for, granted at ``now`` with ``fence``."""
+    assert request.resource_key is not None
+    return LockGrant(request.resource_key, request.lock_owner, fence, now + request.lock_ttl_s)
+
+
 # The columns of an ``operations`` row that :func:`rows.operation` reads; ``begin_batch``
 # returns those of the operations it inserted with the prefix ``op_``.
 _OPERATION_COLUMNS = (
@@ -277,10 +283,7 @@ class Proofs:
                 if row["fence"] is None:
                     begun[index] = Begun(busy=BusyReason.LOCK)
                     continue
-                expires_at = now + request.lock_ttl_s
-                grant = LockGrant(
-                    request.resource_key, request.lock_owner, row["fence"], expires_at
-                )
+                grant = _lock_grant(request, row["fence"], now)
                 guard = guards[index] = replace(guard, lock=grant)
             if request.operation_key is None:
                 begun[index] = Begun(grant=guard.lock)
@@ -318,10 +321,9 @@ class Proofs:
             if resource not in fences:
                 begun[index] = Begun(busy=BusyReason.LOCK)
                 continue
-            request = wanted[index]
-            expires_at = now + request.lock_ttl_s
-            grant = LockGrant(resource, request.lock_owner, fences[resource], expires_at)
-            guards[index] = replace(guards[index], lock=grant)
+            guards[index] = replace(
+                guards[index], lock=_lock_grant(wanted[index], fences[resource], now)
+            )
 
     # -- locks --------------------------------------------------------------------------------
 
