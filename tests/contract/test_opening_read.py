@@ -7,13 +7,15 @@ writes commit with it, or nothing of them does.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import psycopg
 import pytest
 
 from jobguard.backends.base import Backend
 from jobguard.backends.postgres import PostgresBackend
-from jobguard.backends.postgres.opening import positional
+from jobguard.backends.postgres.opening import literal, positional
 from jobguard.backends.sql.driver import StatementRefused
 from jobguard.backends.sql.proofs import guard_params
 from jobguard.backends.sql.store import SQLStore
@@ -170,3 +172,46 @@ def test_placeholders_become_numbered_parameters(
     text: str, body: str, names: tuple[str, ...]
 ) -> None:
     assert positional(text) == (body, names)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        0,
+        -7,
+        2**62,
+        1733245678.123456,
+        1e-05,
+        -0.5,
+        float("inf"),
+        float("nan"),
+        True,
+        "plain",
+        "it's",
+        "back\\slash",
+        "",
+        "ünïcode ✓",
+    ],
+)
+def test_a_literal_reads_back_as_the_value_it_renders(value: Any) -> None:
+    """As a prepared statement's parameter of the value's type takes it (a float's text is a
+    numeric constant, made a double by the parameter's type: it must be the same double)."""
+    kind = {bool: "boolean", int: "bigint", float: "float8", str: "text"}.get(type(value), "text")
+    with psycopg.connect(pg.session_database(), autocommit=True) as conn:
+        escaping = psycopg.pq.Escaping(conn.pgconn)
+        text = literal(conn, escaping, value)
+        row = conn.execute(f"SELECT ({text})::{kind}").fetchone()
+    assert row is not None
+    if isinstance(value, float) and math.isnan(value):
+        assert math.isnan(row[0])
+    else:
+        assert row[0] == value
+        assert type(row[0]) is type(value)
+
+
+def test_a_text_with_a_nul_is_refused_before_it_is_sent() -> None:
+    with psycopg.connect(pg.session_database(), autocommit=True) as conn:
+        escaping = psycopg.pq.Escaping(conn.pgconn)
+        with pytest.raises(psycopg.DataError, match="NUL"):
+            literal(conn, escaping, "a\x00b")

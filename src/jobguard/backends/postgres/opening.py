@@ -13,6 +13,7 @@ transaction writes nothing, as when the proofs it carries no longer hold.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import weakref
@@ -134,4 +135,6 @@ def literal(conn: psycopg.Connection[Any], escaping: Any, value: Any) -> str:
         return str(escaping.escape_literal(value.encode(encoding)).decode(encoding))
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)  # the shortest text that reads back as the same double
     return sql.Literal(value).as_string(conn)
