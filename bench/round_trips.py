@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tempfile
 import time
 from collections import Counter
@@ -54,7 +53,7 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
 
     def counted_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
         text = query if isinstance(query, str) else query.as_string(self.connection)
-        name = names.get(text) or _opening(text) or text.split()[0].upper()
+        name = names.get(text, text.split()[0].upper())
         counts[name] += 1
         if self.connection._pipeline is None:
             waits[name] += 1
@@ -84,16 +83,6 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
         psycopg.Cursor.execute = execute  # type: ignore[method-assign]
         psycopg.Connection.transaction = transaction  # type: ignore[method-assign]
         _pipeline_base.BasePipeline._fetch_gen = fetch_gen  # type: ignore[method-assign]
-
-
-def _opening(text: str) -> str | None:
-    """``BEGIN + name`` for a transaction begun with its first read (``BEGIN; EXECUTE …``),
-    ``name + COMMIT`` for one ended with its last write (``EXECUTE …__last(…); COMMIT``)."""
-    begun = re.match(r'BEGIN; EXECUTE "jobguard_(\w+)"', text)
-    if begun:
-        return f"BEGIN + {begun.group(1)}"
-    ended = re.match(r'EXECUTE "jobguard_(\w+)__last"', text)
-    return f"{ended.group(1)} + COMMIT" if ended else None
 
 
 def rows_written(url: str, schema: str) -> Counter[str]:

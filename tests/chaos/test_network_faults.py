@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import psycopg
 import pytest
 
 from jobguard import App, JobStatus, Outcome
 from jobguard.backends.base import Closing, Ending, Renewal
-from jobguard.backends.postgres import PostgresBackend
 from jobguard.backends.postgres.driver import render_queries
 from jobguard.pipeline import guard_of
 from tests.support import pg, stores
@@ -30,7 +27,6 @@ from tests.support.network_app import (
     make_app,
     read_events,
 )
-from tests.support.ports import begin_operation, fetch_one, keyed_spec
 from tests.support.procs import spawn_worker, wait_until, workers
 
 pytestmark = pytest.mark.chaos
@@ -260,31 +256,3 @@ def test_a_batch_of_successes_settles_in_one_round_trip(
     finally:
         worker_app.close()
     assert {napp.get_job(p.delivery.job_id).status for p in fetched} == {JobStatus.COMPLETED}
-
-
-def test_a_db_step_is_three_round_trips(pg_url: str, proxy: FaultProxy) -> None:
-    """BEGIN travels with the guard's proofs and COMMIT with the step record: a db_step of one
-    statement is three round trips (five with BEGIN and COMMIT sent on their own)."""
-    backend = PostgresBackend(proxy.url_for(pg_url), pool_size=1)
-    table = f'"{parse_qs(urlsplit(pg_url).query)["schema"][0]}".effects'
-
-    def insert(conn: Any, n: int) -> int:
-        conn.execute(f"INSERT INTO {table} (n) VALUES (%s)", (n,))
-        return n
-
-    try:
-        backend.driver.write(lambda tx: tx.connection.execute(f"CREATE TABLE {table} (n int)"))
-        readies = []
-        # Past psycopg's own preparing of the store's statements (on their fifth use).
-        for n in range(8):
-            backend.enqueue(keyed_spec("a", None, f"op:{n}"))
-            guard = guard_of(fetch_one(backend, ["a"]))
-            assert begin_operation(backend, guard, f"op:{n}", None) is not None
-            proxy.server_readies = 0
-            assert backend.db_step(guard, f"op:{n}", "effect", insert, [n]) == (True, n)
-            readies.append(proxy.server_readies)
-        assert readies[-1] == 3, readies
-        with psycopg.connect(pg_url.split("?", 1)[0]) as conn:
-            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (8,)
-    finally:
-        backend.close()

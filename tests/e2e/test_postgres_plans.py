@@ -23,7 +23,6 @@ from psycopg.types.json import Jsonb
 
 from jobguard import App, Context
 from jobguard.backends.postgres.driver import PostgresTx, bound, render_queries
-from jobguard.backends.postgres.opening import LAST, OpeningStatements
 from jobguard.models import JobStatus
 from jobguard.worker import Worker
 from tests.support import pg
@@ -110,8 +109,7 @@ def scans_of(plans: Mapping[str, list[str]]) -> set[tuple[str, str]]:
 
 def record_plans(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     """Each statement of :data:`PATH` is explained, with the parameters it is run with, just
-    before it runs (or, for one sent with a BEGIN or a COMMIT, is written into its text); the
-    plans by statement name."""
+    before it runs; the plans by statement name."""
     plans: dict[str, list[str]] = {}
     execute = PostgresTx._execute
 
@@ -122,20 +120,6 @@ def record_plans(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
         return execute(tx, name, params)
 
     monkeypatch.setattr(PostgresTx, "_execute", explained)
-    rendered = OpeningStatements._execute
-
-    def explained_with_its_begin_or_commit(
-        openings: OpeningStatements, conn: Any, name: str, params: Mapping[str, Any]
-    ) -> str:
-        base = name.removesuffix(LAST)
-        if base in PATH:
-            query = openings._queries[base]
-            rows = conn.execute(f"EXPLAIN {query}", bound(params)).fetchall()
-            plans.setdefault(base, []).append("\n".join(row[0] for row in rows))
-        return rendered(openings, conn, name, params)
-
-    # The statements that travel with a BEGIN or a COMMIT (a db_step's proofs and record).
-    monkeypatch.setattr(OpeningStatements, "_execute", explained_with_its_begin_or_commit)
     return plans
 
 

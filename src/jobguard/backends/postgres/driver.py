@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
-from jobguard.backends.postgres.opening import REFUSED, OpeningStatements
 from jobguard.backends.postgres.url import parse_postgres_url
 from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import (
@@ -59,8 +58,6 @@ _RAW = load_queries("jobguard.backends.postgres")
 # The server aborted the transaction on its own; nothing of it committed, so it is run again.
 _RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
 _RETRIES = 5
-# A transaction begun by hand, to be rolled back if it did not finish.
-_OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 # Every connection jobguard opens notices a dead peer or a network that stopped answering in
 # seconds, not at the kernel's defaults (hours for an idle socket, ~15 minutes for unanswered
 # data): TCP keepalives probe an idle connection, tcp_user_timeout bounds unacknowledged data,
@@ -140,12 +137,6 @@ class PostgresTx(NamedStatements):
         self._queries = queries
         self._clock = clock
         self._server_clock = server_clock
-        # One cursor for the transaction's statements: each result is read before the next
-        # statement runs, and a cursor's adapters, once looked up, serve the next statement.
-        self._cursor: Any = None
-        # In a transaction begun by write_from, the last write waits to go with the COMMIT.
-        self.defers_last = False
-        self.last: tuple[str, Mapping[str, Any]] | None = None
 
     @property
     def connection(self) -> psycopg.Connection[Any] | LoopBridge:
@@ -153,20 +144,8 @@ class PostgresTx(NamedStatements):
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
-        if self._cursor is None:  # also on a caller's own connection
-            self._cursor = self._conn.cursor(row_factory=dict_row)
-        cursor: psycopg.Cursor[Any] = self._cursor.execute(self._queries[name], bound(params))
-        return cursor
-
-    def run_last(self, name: str, params: Mapping[str, Any]) -> None:
-        """See :meth:`Tx.run_last`: kept to be sent with the COMMIT when this transaction was
-        begun by :meth:`PostgresDriver.write_from`, else run now."""
-        if not self.defers_last:
-            super().run_last(name, params)
-            return
-        if self.last is not None:
-            raise AssertionError(f"a transaction has one last write: {self.last[0]}, then {name}")
-        self.last = (name, params)
+        cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
+        return cursor.execute(self._queries[name], bound(params))
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -384,7 +363,6 @@ class PostgresDriver:
         self.schema = parsed.schema
         self._conninfo = with_connection_defaults(parsed.conninfo)
         self._queries = render_queries(self.schema)
-        self._openings = OpeningStatements(self._queries, "jobguard_")
         self._clock = clock
         self._server_clock = ServerClock()
         from jobguard.backends.postgres.schema import check_schema
@@ -443,30 +421,13 @@ class PostgresDriver:
         """Run ``fn`` in one transaction; retried if the server aborted it (deadlock), and once
         on a new connection if its connection broke before the commit was sent (a reset): then
         nothing of it committed, so it is run again instead of left to a lease."""
-        return self._write(lambda tx, _: fn(tx), None)
-
-    def write_from(
-        self, name: str, params: Mapping[str, Any], fn: Callable[[PostgresTx, Row | None], T]
-    ) -> T:
-        """:meth:`write` of ``fn(tx, row)``, ``row`` the first row of the named read ``name``,
-        which opens the transaction: it travels with the BEGIN, one round trip for both
-        (:mod:`~jobguard.backends.postgres.opening`)."""
-        return self._write(fn, (name, params))
-
-    def _write(
-        self,
-        fn: Callable[[PostgresTx, Row | None], T],
-        opening: tuple[str, Mapping[str, Any]] | None,
-    ) -> T:
         fresh = False
         for attempt in range(_RETRIES):
             committing = False
             try:
-                with self._writing(fresh=fresh) as conn:
-                    tx = self._tx(conn)
-                    with self._begun(tx, conn, opening) as first:
-                        result = fn(tx, first)
-                        committing = True  # from here an error may come after the commit landed
+                with self._writing(fresh=fresh) as conn, conn.transaction():
+                    result = fn(self._tx(conn))
+                    committing = True  # from here an error may come after the commit landed
                 return result
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
@@ -495,50 +456,6 @@ class PostgresDriver:
                     raise StatementCutOff(f"PostgreSQL write failed: {exc}") from exc
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
-
-    @contextmanager
-    def _begun(
-        self,
-        tx: PostgresTx,
-        conn: psycopg.Connection[Any],
-        opening: tuple[str, Mapping[str, Any]] | None,
-    ) -> Iterator[Row | None]:
-        """A transaction on ``conn``, committed when the block ends and rolled back if it
-        raises. With an ``opening`` read, begun by it (its first row given to the block), and
-        ended by the block's last write (:meth:`PostgresTx.run_last`) sent with the COMMIT."""
-        if opening is None:
-            with conn.transaction():
-                yield None
-            return
-        name, params = opening
-        tx.defers_last = True
-        cursor = conn.cursor(row_factory=dict_row)
-        try:
-            # prepare=False: each text is new (its literals); psycopg need not count it.
-            try:
-                cursor.execute(self._openings.begin_with(conn, name, params), prepare=False)
-            except errors.InvalidSqlStatementName:
-                # The connection lost its prepared statements (a DEALLOCATE): prepare again.
-                conn.execute("ROLLBACK")
-                self._openings.forget(conn)
-                cursor.execute(self._openings.begin_with(conn, name, params), prepare=False)
-            cursor.nextset()
-            yield cursor.fetchone()
-            if tx.last is None:
-                conn.execute("COMMIT")
-                return
-            last, last_params = tx.last
-            try:
-                cursor.execute(self._openings.end_with(conn, last, last_params), prepare=False)
-            except REFUSED as exc:
-                raise StatementRefused(
-                    f"{last} changed no row; nothing of its transaction was written"
-                ) from exc
-        except BaseException:
-            if conn.info.transaction_status in _OPEN:
-                with suppress(psycopg.Error):  # a broken connection is discarded by the pool
-                    conn.execute("ROLLBACK")
-            raise
 
     @contextmanager
     def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:

@@ -41,12 +41,6 @@ class Tx(Protocol):
     def run(self, name: str, params: Params) -> int:
         """Run a named statement; how many rows it changed."""
 
-    def run_last(self, name: str, params: Params) -> None:
-        """Run a named write as this transaction's last statement; it must change a row. If it
-        changes none, nothing of the transaction is written and :class:`StatementRefused` is
-        raised: here, or as the transaction commits (on PostgreSQL, in a transaction begun by
-        :meth:`Driver.write_from`, the statement travels with the COMMIT)."""
-
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested unit: rolled back alone if the block raises (the error goes on)."""
 
@@ -69,11 +63,6 @@ class Driver(Protocol):
         If ``fn`` raises, nothing of it commits and the error reaches the caller; driver errors
         are wrapped as :class:`~jobguard.exceptions.StoreUnavailableError`.
         """
-
-    def write_from(self, name: str, params: Params, fn: Callable[[Tx, Row | None], T]) -> T:
-        """:meth:`write` of ``fn(tx, row)``, where ``row`` is the first row of the named read
-        ``name`` run first in that transaction. On PostgreSQL the read travels with the BEGIN:
-        one round trip for both."""
 
     def write_statement(self, name: str, params: Params) -> list[Row]:
         """Run one named write, atomic on its own, and return its rows once it committed.
@@ -165,8 +154,3 @@ class NamedStatements:
     def run(self, name: str, params: Params) -> int:
         """Rows changed by a named statement."""
         return int(self._execute(name, params).rowcount)
-
-    def run_last(self, name: str, params: Params) -> None:
-        """A named write that must change a row; see :meth:`Tx.run_last`."""
-        if self.run(name, params) == 0:
-            raise StatementRefused(f"{name} changed no row; nothing of its transaction is kept")

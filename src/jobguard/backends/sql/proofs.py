@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobguard.backends.base import BeginRequest, Begun
 from jobguard.backends.sql import rows
-from jobguard.backends.sql.driver import Driver, Row, StatementRefused, Tx, UserCodeError
+from jobguard.backends.sql.driver import Driver, Row, Tx, UserCodeError
 from jobguard.core import checks, messages
 from jobguard.exceptions import StoreUnavailableError
 from jobguard.models import BusyReason, Guard, LockGrant, Operation, OperationStatus
@@ -47,25 +47,19 @@ def verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None)
     """Refuse a write whose lease is stale, whose lock's or slot's fence is old, or (with
     ``claim_key``) whose delivery no longer holds the operation's claim. Returns the state read,
     with the stored result of ``step`` (if given and already recorded) in ``step_result``."""
-    return judged(tx.one("guard_state", guard_params(guard, claim_key, step)), guard, claim_key)
-
-
-def guard_params(guard: Guard, claim_key: str | None, step: str | None = None) -> dict[str, Any]:
-    """The parameters of ``guard_state``: what :func:`verify` reads for ``guard``."""
     proof = slot_proof(guard)
-    return {
-        "job_id": guard.job_id,
-        "lease_token": guard.lease_token,
-        "resource": guard.lock.resource if guard.lock else None,
-        "slot_key": proof["slot_key"],
-        "slot": proof["slot"],
-        "key": claim_key,
-        "step": step,
-    }
-
-
-def judged(state: Row | None, guard: Guard, claim_key: str | None) -> Row:
-    """:func:`verify`'s judgement of a ``guard_state`` row read for ``guard``."""
+    state = tx.one(
+        "guard_state",
+        {
+            "job_id": guard.job_id,
+            "lease_token": guard.lease_token,
+            "resource": guard.lock.resource if guard.lock else None,
+            "slot_key": proof["slot_key"],
+            "slot": proof["slot"],
+            "key": claim_key,
+            "step": step,
+        },
+    )
     assert state is not None  # a SELECT of sub-queries always returns its one row
     if state["lease_ok"] is None:
         raise messages.stale_lease(guard.job_id, guard.lease_token)
@@ -481,19 +475,8 @@ class Proofs:
         return self.driver.write(lambda tx: self.begin_one(tx, guard, request, tx.now()))
 
     def _insert_step(
-        self,
-        tx: Tx,
-        guard: Guard,
-        key: str,
-        name: str,
-        result_json: str,
-        now: float,
-        *,
-        last: bool = False,
+        self, tx: Tx, guard: Guard, key: str, name: str, result_json: str, now: float
     ) -> None:
-        """Write the step record, its proofs checked again as it is written. ``last``: as the
-        transaction's last write (:meth:`Tx.run_last`; the caller names a refusal with
-        :meth:`_refused_step`)."""
         params = {
             "key": key,
             "name": name,
@@ -505,9 +488,6 @@ class Proofs:
             "resource": guard.lock.resource if guard.lock else None,
             **slot_proof(guard),
         }
-        if last:
-            tx.run_last("insert_step", params)
-            return
         if tx.run("insert_step", params) == 0:
             # A proof failed after the check before the step's work: a lock or slot granted
             # anew (this holder's TTL ran out) while the step ran. Name it; the caller's
@@ -515,24 +495,14 @@ class Proofs:
             verify(tx, guard, key)
             raise messages.stale_lease(guard.job_id, guard.lease_token, "record a step")
 
-    def _refused_step(self, guard: Guard, key: str) -> NoReturn:
-        """A step record refused as it was written: a proof failed after the check before the
-        step's work (a lock or slot granted anew, this holder's TTL having run out, while the
-        step ran). Nothing of the step was written; name which proof, read afresh."""
-        self.driver.read(lambda tx: verify(tx, guard, key))
-        raise messages.stale_lease(guard.job_id, guard.lease_token, "record a step")
-
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
         """Record a completed step (one transaction, guarded)."""
 
-        def op(tx: Tx, state: Row | None) -> None:
-            judged(state, guard, key)
-            self._insert_step(tx, guard, key, name, result_json, tx.now(), last=True)
+        def op(tx: Tx) -> None:
+            verify(tx, guard, key)
+            self._insert_step(tx, guard, key, name, result_json, tx.now())
 
-        try:
-            self.driver.write_from("guard_state", guard_params(guard, key), op)
-        except StatementRefused:
-            self._refused_step(guard, key)
+        self.driver.write(op)
 
     def db_step(
         self,
@@ -547,8 +517,8 @@ class Proofs:
         if on is not None:
             return self._db_step_on(on, guard, key, name, fn, args)
 
-        def op(tx: Tx, state: Row | None) -> tuple[bool, Any]:
-            stored = judged(state, guard, key)["step_result"]
+        def op(tx: Tx) -> tuple[bool, Any]:
+            stored = verify(tx, guard, key, step=name)["step_result"]
             if stored is not None:
                 return False, json.loads(stored)
             try:
@@ -559,13 +529,10 @@ class Proofs:
                 # The user's own error: nothing of the step commits, and it reaches the handler
                 # as raised (SQL errors of its statements already wrapped as StepSQLError).
                 raise UserCodeError(exc) from exc
-            self._insert_step(tx, guard, key, name, result_json, tx.now(), last=True)
+            self._insert_step(tx, guard, key, name, result_json, tx.now())
             return True, value
 
-        try:
-            return self.driver.write_from("guard_state", guard_params(guard, key, name), op)
-        except StatementRefused:
-            self._refused_step(guard, key)
+        return self.driver.write(op)
 
     def _db_step_on(
         self,

@@ -186,13 +186,6 @@ class SQLiteDriver:
             self._check_file(deep=True)
             raise exc from exc.__cause__
 
-    def write_from(
-        self, name: str, params: Mapping[str, Any], fn: Callable[[SQLiteTx, Row | None], T]
-    ) -> T:
-        """:meth:`write` of ``fn(tx, row)``, ``row`` the first row of the read ``name`` run
-        first in that transaction (a local call: nothing to save by sending them together)."""
-        return self.write(lambda tx: fn(tx, tx.one(name, params)))
-
     def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Row]:
         """One named write in its own (grouped) transaction, on the store clock."""
         return self.write(lambda tx: tx.all(name, {"now": tx.now(), **params}))
