@@ -148,9 +148,10 @@ RETURNING j.id, j.lease_token, j.cancel_requested_by;
 -- an uncorrelated sub-query, for the one before to finish), then attempts. Returns the moved
 -- job ids and how many operations it completed. %(now)s NULL: the server's clock, read by the
 -- statement itself (as extend_leases does), so settling needs no reading of its own. With
--- %(strict)s, a moved success whose operation it could not complete (its claim taken between the proof and the write) fails the statement
--- instead, so that, run on its own outside a transaction, it writes nothing: the cast of a text
--- that is no number is the one way plain SQL has to raise.
+-- %(strict)s, a moved success whose operation it could not complete (its claim taken between
+-- the proof and the write) fails the statement instead, so that, run on its own outside a
+-- transaction, it writes nothing: the cast of a text that is no number is the one way plain SQL
+-- has to raise.
 WITH clock AS (
          SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
      item AS (
@@ -177,7 +178,8 @@ WITH clock AS (
              run_at = CASE WHEN item.delay_s IS NULL THEN j.run_at
                            ELSE (SELECT now FROM clock) + item.delay_s END,
              lease_token = NULL,
-             finished_at = CASE WHEN item.status = 'queued' THEN j.finished_at ELSE (SELECT now FROM clock) END,
+             finished_at = CASE WHEN item.status = 'queued' THEN j.finished_at
+                                ELSE (SELECT now FROM clock) END,
              attempts = j.attempts - item.uncharge,
              deferrals = j.deferrals + item.deferral,
              last_error = CASE WHEN item.set_error THEN item.last_error ELSE j.last_error END,
