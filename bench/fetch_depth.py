@@ -9,9 +9,9 @@ In a throw-away database, one fresh jobguard schema holds only the jobs the meas
 lease ("shallow"), another is bulk-loaded with ``--depth`` queued jobs by one
 ``INSERT ... SELECT generate_series`` ("deep"), then analysed as autovacuum would. Each fetch is
 the store's real ``fetch_prepared`` without a begin (the ready check when the last fetch found
-nothing, then one transaction that picks with ``FOR UPDATE SKIP LOCKED``, leases and writes the
-attempt rows), timed one after another from
-one process; p50/p95 in ms. A fetch from an empty queue (nothing to lease) is timed too.
+nothing, then one statement that picks with ``FOR UPDATE SKIP LOCKED``, leases and writes the
+attempt rows, committed on its own), timed one after another from one process; p50/p95 in
+ms. A fetch from an empty queue (nothing to lease) is timed too.
 The output is also written to ``bench/results/fetch-depth-DATE.txt``.
 """
 

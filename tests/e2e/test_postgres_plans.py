@@ -29,9 +29,10 @@ from tests.support import pg
 
 HISTORY = 5000
 JOBS = 12
-# The statements a full-guard delivery runs: fetch, begin, step, settle.
+# The statements a full-guard delivery runs: fetch and begin (in one statement, or, for a batch
+# with an operation recorded already, in several), step, settle.
 PATH = frozenset({
-    "lease_ready", "begin_batch",
+    "lease_and_begin", "begin_batch",
     "guard_state", "insert_step", "settle_set",
 })  # fmt: skip
 HISTORY_TABLES = ("jobs", "attempts", "operations", "locks", "slots", "steps")
@@ -137,8 +138,14 @@ def test_a_delivery_path_reads_its_rows_by_key_beside_a_long_history(
     def fulfil(ctx: Context, n: int) -> None:
         ctx.db_step("effect", insert_effect, n)
 
+    @app.task(name="replay", operation_key="old-op:{n}")
+    def replay(ctx: Context, n: int) -> None:
+        raise AssertionError("its operation completed in the history: it must not run")
+
     try:
-        jobs = fulfil.enqueue_many({"n": n} for n in range(JOBS))
+        # First in the queue, so the first batch takes the path of several statements.
+        jobs = replay.enqueue_many({"n": n} for n in (1, 2))
+        jobs += fulfil.enqueue_many({"n": n} for n in range(JOBS))
         plans = record_plans(monkeypatch)
         worker = Worker(app, concurrency=2, install_signal_handlers=False)
         worker.run(burst=True)

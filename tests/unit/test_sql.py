@@ -46,8 +46,8 @@ def test_an_empty_query_is_refused() -> None:
 DRIVERS = ["jobguard.backends.sqlite", "jobguard.backends.postgres"]
 DIALECT_ONLY = {
     "settle_set": "postgres",
-    "lease_ready": "postgres",
     "begin_batch": "postgres",
+    "lease_and_begin": "postgres",
     "ready_jobs": "sqlite",
     **{name: "sqlite" for name in ("settle_jobs", "complete_operations", "release_operations")},
     "close_attempts": "sqlite",

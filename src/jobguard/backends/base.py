@@ -215,19 +215,20 @@ class HostAdmission:
 
 
 def begin_request(
-    delivery: Delivery, rule: DeliveryRules | None, worker_id: str
+    delivery: Delivery, rule: DeliveryRules | None, worker_id: str, lock_owner: str | None = None
 ) -> BeginRequest | None:
     """What a fetched delivery must hold before its handler: its lock and its concurrency slot
     (an owner token of its own, the rule's length) and its operation claim. ``None`` for a job
     that asks for none of them, and for one of a task the worker does not know (the pipeline
-    buries it). The slot's limit is the one stored with the job."""
+    buries it). The slot's limit is the one stored with the job. ``lock_owner``: the token, when
+    the store made it (a fetch that begins in the lease's own statement)."""
     keys = (delivery.resource_key, delivery.operation_key, delivery.concurrency_key)
     if rule is None or all(key is None for key in keys):
         return None
     limited = delivery.concurrency_key is not None and delivery.concurrency_limit is not None
     return BeginRequest(
         resource_key=delivery.resource_key,
-        lock_owner=f"{worker_id}/{secrets.token_hex(8)}",
+        lock_owner=lock_owner or f"{worker_id}/{secrets.token_hex(8)}",
         lock_ttl_s=rule.lock_ttl_s,  # the worker's definition, not the enqueuer's copy
         operation_key=delivery.operation_key,
         concurrency_key=delivery.concurrency_key if limited else None,

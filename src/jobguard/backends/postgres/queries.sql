@@ -42,42 +42,6 @@ VALUES (%(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, %(run_at)s, %(
         %(concurrency_limit)s, %(now)s)
 RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
--- name: lease_ready
--- A fetch's pick and lease in one statement: the queue's ready jobs taken (queued ones whose time
--- has come, and running ones whose lease expired: a crashed or stalled worker; both are
--- available_at <= now; nothing of a paused queue, the one place a pause acts), the queued ones
--- among them leased at once, as lease_jobs leases (%(rules)s: each task's lease length and
--- attempt limit, task, lease_s and max_attempts; a task not named keeps its row's). The expired
--- ones come back as they were, leased false: their lost attempts are closed (or the job buried)
--- before lease_jobs leases them. In the order picked.
-WITH picked AS (
-         SELECT id, task, status, priority, available_at AS due FROM {schema}.jobs
-         WHERE queue = %(queue)s AND status IN ('queued', 'running') AND available_at <= %(now)s
-           AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues WHERE queue = %(queue)s)
-         ORDER BY priority DESC, available_at, id
-         LIMIT %(limit)s
-         FOR UPDATE SKIP LOCKED),
-     rule AS (
-         SELECT * FROM jsonb_to_recordset(%(rules)s::jsonb)
-             AS rule(task text, lease_s float8, max_attempts integer)),
-     leased AS (
-         UPDATE {schema}.jobs AS j
-         SET status = 'running', attempts = j.attempts + 1, worker_id = %(worker_id)s,
-             lease_token = replace(gen_random_uuid()::text, '-', ''),
-             available_at = %(now)s + coalesce(rule.lease_s, j.visibility_timeout_s),
-             max_attempts = coalesce(rule.max_attempts, j.max_attempts)
-         FROM picked LEFT JOIN rule ON rule.task = picked.task
-         WHERE j.id = picked.id AND picked.status = 'queued'
-         RETURNING j.*, coalesce(rule.lease_s, j.visibility_timeout_s) AS lease_s,
-                   true AS leased, picked.due)
-SELECT * FROM (
-    SELECT * FROM leased
-    UNION ALL
-    SELECT j.*, NULL::float8 AS lease_s, false AS leased, picked.due
-    FROM {schema}.jobs AS j JOIN picked ON picked.id = j.id
-    WHERE picked.status = 'running') AS taken
-ORDER BY priority DESC, due, id;
-
 -- name: close_lost_attempts
 -- A lost delivery never reported its counts: the steps it ran are those of its operation
 -- recorded since it started (a later delivery has not run yet: this closes it at the takeover).
@@ -356,8 +320,8 @@ RETURNING resource, fence;
 -- delivery whose lock was granted or that asks for none, then every attempt row written as
 -- insert_attempts writes it, with the lock it was granted (%(host)s: a host queue's delivery).
 -- Per item: the fence granted (NULL: the lock is busy, or none was asked for), its attempt
--- row's id, and the operation row if it was inserted here (op_*; an operation already recorded
--- is claimed, or found busy, one at a time afterwards).
+-- row's id, and the operation row if it was inserted here (op, as jsonb; an operation already
+-- recorded is claimed, or found busy, one at a time afterwards).
 WITH item AS (
          SELECT * FROM ROWS FROM (jsonb_to_recordset(%(items)s::jsonb)
                                   AS (job_id bigint, resource text, owner text,
@@ -397,16 +361,121 @@ WITH item AS (
          WHERE j.id = ANY (ARRAY(SELECT job_id FROM item))
          ORDER BY item.n  -- attempt ids in the batch's order, as insert_attempts gives them
          RETURNING id, job_id)
-SELECT item.job_id, granted.fence, attempt.id AS attempt_id,
-       claimed.key AS op_key, claimed.status AS op_status,
-       claimed.resource_key AS op_resource_key, claimed.result AS op_result,
-       claimed.external_ref AS op_external_ref, claimed.attempts AS op_attempts,
-       claimed.fence AS op_fence, claimed.created_at AS op_created_at,
-       claimed.updated_at AS op_updated_at, claimed.completed_at AS op_completed_at,
-       claimed.last_error AS op_last_error
+SELECT item.job_id, granted.fence, attempt.id AS attempt_id, to_jsonb(claimed) AS op
 FROM item JOIN attempt ON attempt.job_id = item.job_id
      LEFT JOIN granted ON granted.resource = item.resource
      LEFT JOIN claimed ON claimed.key = item.key;
+
+-- name: lease_and_begin
+-- A fetch's pick and lease of one queue in one statement, and with %(begin)s its begin too. The
+-- queue's ready jobs are taken: queued ones whose time has come, and running ones whose lease
+-- expired (a crashed or stalled worker; both are available_at <= now; nothing of a paused queue,
+-- the one place a pause acts). %(rules)s: each task's task, lease_s, max_attempts and
+-- lock_ttl_s (a task not named keeps its rows' lease and limit, and asks for nothing: the
+-- worker does not know it).
+-- Without %(begin)s (inside the fetch's transaction): the queued ones leased at once, as
+-- lease_jobs leases; the expired ones come back as they were, leased false: their lost attempts
+-- are closed (or the job buried) before lease_jobs leases them.
+-- With %(begin)s (run on its own, autocommit), for a batch that needs nothing more (every job
+-- picked queued, none asking for a concurrency slot, no two for the same resource or the same
+-- operation, none for an operation recorded already): the jobs leased, then begun as
+-- begin_batch begins them, in its order of rows (locks in resource order, then operations in
+-- key order once every lock row is taken, then attempt rows with the locks they got), each
+-- lock's owner the worker's id and a random part. The operations are a plain INSERT: one
+-- recorded meanwhile fails the statement, and nothing of it is written. Any other batch
+-- (fast_fit false): nothing is written, and the fetch takes its transaction.
+-- First columns: fast_picked (jobs picked), fast_fit (begun here), fast_now (the store clock
+-- used; %(now)s NULL: the server's); then the jobs in the order picked, or one row whose other
+-- columns are NULL when there is none to return.
+WITH clock AS (
+         SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
+     picked AS (
+         SELECT id, task, status, priority, available_at AS due, resource_key, operation_key,
+                concurrency_key, concurrency_limit
+         FROM {schema}.jobs
+         WHERE queue = %(queue)s AND status IN ('queued', 'running')
+           AND available_at <= (SELECT now FROM clock)
+           AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues WHERE queue = %(queue)s)
+         ORDER BY priority DESC, available_at, id
+         LIMIT %(limit)s
+         FOR UPDATE SKIP LOCKED),
+     rule AS (
+         SELECT * FROM jsonb_to_recordset(%(rules)s::jsonb)
+             AS rule(task text, lease_s float8, max_attempts integer, lock_ttl_s float8)),
+     item AS MATERIALIZED (
+         SELECT picked.*, rule.task IS NOT NULL AS known, rule.lease_s,
+                rule.max_attempts AS rule_max_attempts, rule.lock_ttl_s AS rule_lock_ttl_s,
+                CASE WHEN rule.task IS NOT NULL THEN picked.resource_key END AS resource,
+                CASE WHEN rule.task IS NOT NULL THEN picked.operation_key END AS key,
+                %(worker_id)s || '/' || left(replace(gen_random_uuid()::text, '-', ''), 16)
+                    AS owner
+         FROM picked LEFT JOIN rule ON rule.task = picked.task),
+     fit AS (
+         SELECT count(*) AS picked,
+                %(begin)s::boolean AND count(*) > 0 AND bool_and(status = 'queued')
+                AND NOT bool_or(known AND concurrency_key IS NOT NULL
+                                AND concurrency_limit IS NOT NULL)
+                AND count(resource) = count(DISTINCT resource)
+                AND count(key) = count(DISTINCT key)
+                AND NOT EXISTS (SELECT 1 FROM {schema}.operations
+                                WHERE key = ANY (ARRAY(SELECT key FROM item))) AS ok
+         FROM item),
+     leased AS (
+         UPDATE {schema}.jobs AS j
+         SET status = 'running', attempts = j.attempts + 1, worker_id = %(worker_id)s,
+             lease_token = replace(gen_random_uuid()::text, '-', ''),
+             available_at = (SELECT now FROM clock) + coalesce(item.lease_s, j.visibility_timeout_s),
+             max_attempts = coalesce(item.rule_max_attempts, j.max_attempts)
+         FROM item
+         WHERE j.id = item.id AND item.status = 'queued'
+           AND (NOT %(begin)s::boolean OR (SELECT ok FROM fit))
+         RETURNING j.*, coalesce(item.lease_s, j.visibility_timeout_s) AS lease_s, item.due,
+                   item.resource AS wanted_resource, item.key AS wanted_key,
+                   item.owner AS lock_owner, item.rule_lock_ttl_s),
+     granted AS (
+         INSERT INTO {schema}.locks (resource, owner, fence, expires_at)
+         SELECT wanted_resource, lock_owner, 1, (SELECT now FROM clock) + rule_lock_ttl_s
+         FROM leased
+         WHERE wanted_resource IS NOT NULL AND (SELECT ok FROM fit)
+         ORDER BY wanted_resource COLLATE "C"
+         ON CONFLICT (resource) DO UPDATE
+         SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
+         WHERE locks.owner IS NULL OR locks.expires_at <= (SELECT now FROM clock)
+         RETURNING resource, owner, fence),
+     claimed AS (
+         INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence,
+                                          created_at, updated_at)
+         SELECT l.wanted_key, 'processing', l.wanted_resource, l.lease_token, 1, granted.fence,
+                (SELECT now FROM clock), (SELECT now FROM clock)
+         FROM leased AS l LEFT JOIN granted ON granted.resource = l.wanted_resource
+         WHERE (SELECT count(*) FROM granted) >= 0 AND (SELECT ok FROM fit)
+           AND l.wanted_key IS NOT NULL
+           AND (l.wanted_resource IS NULL OR granted.resource IS NOT NULL)
+         ORDER BY l.wanted_key COLLATE "C"
+         RETURNING *),
+     attempt AS (
+         INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, worker_id,
+                                        lease_token, lock_owner, fence, started_at)
+         SELECT l.id, l.attempts, l.task, l.queue, l.operation_key, l.worker_id, l.lease_token,
+                granted.owner, granted.fence, (SELECT now FROM clock)
+         FROM leased AS l LEFT JOIN granted ON granted.resource = l.wanted_resource
+         WHERE (SELECT ok FROM fit)
+         ORDER BY l.priority DESC, l.due, l.id
+         RETURNING id, job_id)
+SELECT fit.picked AS fast_picked, fit.ok AS fast_fit, clock.now AS fast_now, taken.*
+FROM fit CROSS JOIN clock
+     LEFT JOIN (
+         SELECT l.*, true AS leased, granted.fence, attempt.id AS attempt_id,
+                to_jsonb(claimed) AS op
+         FROM leased AS l LEFT JOIN attempt ON attempt.job_id = l.id
+              LEFT JOIN granted ON granted.resource = l.wanted_resource
+              LEFT JOIN claimed ON claimed.key = l.wanted_key
+         UNION ALL
+         SELECT j.*, NULL::float8, item.due, NULL::text, NULL::text, NULL::text, NULL::float8,
+                false, NULL::bigint, NULL::bigint, NULL::jsonb
+         FROM {schema}.jobs AS j JOIN item ON item.id = j.id
+         WHERE item.status = 'running' AND NOT %(begin)s::boolean) AS taken ON true
+ORDER BY taken.priority DESC, taken.due, taken.id;
 
 -- name: grant_slots
 -- Concurrency slots for many deliveries (%(items)s: key, lim, owner, expires_at, nth): each gets

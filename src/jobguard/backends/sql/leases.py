@@ -3,7 +3,9 @@ and the admission of a host queue's delivery (a lease on its shadow job, jobguar
 
 A fetch is one transaction: ready jobs picked, expired leases closed as lost (or buried when
 their attempts are spent), new leases and attempt rows written, and each delivery's lock and
-operation claim taken, from what its row and its task's rule say.
+operation claim taken, from what its row and its task's rule say. On PostgreSQL a batch that
+needs nothing but new leases, locks, operations and attempt rows is all of that in one
+statement, committed on its own.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from jobguard.backends.base import (
     begin_request,
 )
 from jobguard.backends.sql import rows
-from jobguard.backends.sql.driver import Driver, Row, Tx
-from jobguard.backends.sql.proofs import Proofs
+from jobguard.backends.sql.driver import Driver, Row, StatementRefused, Tx
+from jobguard.backends.sql.proofs import Proofs, begun_in_row
 from jobguard.core.hosts import Admit, Found, Reserve, admission, reservation
-from jobguard.exceptions import ConfigurationError
+from jobguard.exceptions import ConfigurationError, StoreUnavailableError
 from jobguard.models import DeadCode, Delivery, Guard, Job, JobSpec, JobStatus
 
 
@@ -120,7 +122,8 @@ class Leases:
         worker_id: str,
         rules: Mapping[str, DeliveryRules] | None = None,
     ) -> list[Prepared]:
-        """Lease ready jobs and begin them (lock + claim) in the same transaction.
+        """Lease ready jobs and begin them (lock + claim) in the same transaction (on
+        PostgreSQL, a batch that needs nothing more, in one statement).
 
         See :class:`~jobguard.backends.base.QueuePort`. What each delivery asks for comes from
         its row and its task's rule; nothing above the store is asked.
@@ -134,11 +137,16 @@ class Leases:
 
         if not self._expect_work and not self.driver.read(ready):
             return []
+        prepared: list[Prepared] = []
+        rest = list(queues)
+        if self.driver.dialect == "postgres":
+            prepared, rest = self._lease_and_begin(queues, limit, worker_id, task_rules)
+        room = limit - len(prepared)
 
         def op(tx: Tx) -> list[Prepared]:
             granted_at = time.monotonic()  # before the lease's start is read from the store
             now = tx.now()
-            picked = self._pick(tx, queues, limit, task_rules, worker_id, now)
+            picked = self._pick(tx, rest, room, task_rules, worker_id, now)
             waiting = [row for row in picked if not _leased(row)]
             spent = self._close_expired(tx, waiting, task_rules, now)
             leased = self._lease(
@@ -154,9 +162,63 @@ class Leases:
             requests = [begin_request(d, task_rules.get(d.task), worker_id) for d in deliveries]
             return self._begin_fetched(tx, deliveries, requests, now, granted_at)
 
-        prepared = self.driver.write(op)
+        if rest and room > 0:
+            try:
+                prepared += self.driver.write(op)
+            except StoreUnavailableError:
+                if not prepared:
+                    raise
+                # The leases taken by one statement each are committed: they go to work, and
+                # the next fetch meets the failure again.
         self._expect_work = bool(prepared)
         return prepared
+
+    def _lease_and_begin(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        rules: Mapping[str, DeliveryRules],
+    ) -> tuple[list[Prepared], list[str]]:
+        """The fetch on PostgreSQL in one statement per queue, run on its own (one commit, no
+        transaction around it: ``lease_and_begin``), while each queue's batch needs nothing
+        more than that statement does. Returns what it took, and the queues left to the
+        fetch's transaction of several statements: from the first whose batch needs more."""
+        rule_items = _rule_items(rules)
+        taken: list[Prepared] = []
+        for index, queue in enumerate(queues):
+            if len(taken) >= limit:
+                break
+            params = {
+                "queue": queue,
+                "limit": limit - len(taken),
+                "rules": rule_items,
+                "worker_id": worker_id,
+                "begin": True,
+            }
+            granted_at = time.monotonic()  # before the lease's start is read from the store
+            try:
+                found = self.driver.write_statement("lease_and_begin", params)
+            except StatementRefused:
+                # An operation of the batch was recorded after the statement looked (its key
+                # is unique): nothing of the statement was written.
+                return taken, list(queues[index:])
+            except StoreUnavailableError:
+                if not taken:
+                    raise
+                return taken, []  # the leases taken are committed: they go to work
+            head = found[0]
+            if not head["fast_picked"]:
+                continue
+            if not head["fast_fit"]:
+                return taken, list(queues[index:])
+            for row in found:
+                delivery = rows.delivery(row, row["attempt_id"])
+                rule = rules.get(delivery.task)
+                request = begin_request(delivery, rule, worker_id, row["lock_owner"])
+                begun = begun_in_row(row, request, head["fast_now"])[1]
+                taken.append(Prepared(delivery, request, begun, granted_at))
+        return taken, []
 
     def _begin_fetched(
         self,
@@ -233,29 +295,22 @@ class Leases:
     ) -> list[Row]:
         """Up to ``limit`` ready jobs of ``queues``, the first queue first, in the order taken.
 
-        On PostgreSQL the queued ones come back leased already (``lease_ready``: one statement,
-        not a pick and then a lease); the rest, and on SQLite all, are leased by :meth:`_lease`
-        once expired leases are closed.
+        On PostgreSQL the queued ones come back leased already (``lease_and_begin`` without its
+        begin: one statement, not a pick and then a lease); the rest, and on SQLite all, are
+        leased by :meth:`_lease` once expired leases are closed.
         """
         in_one = self.driver.dialect == "postgres"
         if in_one:
-            # A task's lease and attempt limit, when its rule sets them (else its row's).
-            rule_items = [
-                {
-                    "task": task,
-                    "lease_s": rule.visibility_timeout_s,
-                    "max_attempts": rule.max_attempts,
-                }
-                for task, rule in rules.items()
-            ]
+            rule_items = _rule_items(rules)
         picked: list[Row] = []
         for queue in queues:
             if len(picked) >= limit:
                 break
             params = {"queue": queue, "now": now, "limit": limit - len(picked)}
             if in_one:
-                params = {**params, "rules": rule_items, "worker_id": worker_id}
-                picked.extend(tx.all("lease_ready", params))
+                params = {**params, "rules": rule_items, "worker_id": worker_id, "begin": False}
+                # One row of NULL job columns says nothing was picked.
+                picked.extend(row for row in tx.all("lease_and_begin", params) if row["id"])
             else:
                 picked.extend(tx.all("ready_jobs", params))
         return picked
@@ -401,6 +456,20 @@ class Leases:
         return {(row["key"], row["slot"], row["owner"]) for row in rows}
 
 
+def _rule_items(rules: Mapping[str, DeliveryRules]) -> list[dict[str, Any]]:
+    """Each task's lease, attempt limit and lock length as the fetch statements take them (a
+    task's rule wins over what its rows say)."""
+    return [
+        {
+            "task": task,
+            "lease_s": rule.visibility_timeout_s,
+            "max_attempts": rule.max_attempts,
+            "lock_ttl_s": rule.lock_ttl_s,
+        }
+        for task, rule in rules.items()
+    ]
+
+
 def _shadow_key(spec: JobSpec) -> dict[str, Any]:
     """The parameters that find a host task's shadow job (its dedup key)."""
     if spec.dedup_key is None:
@@ -442,7 +511,8 @@ def _insert_attempts(
 
 
 def _leased(row: Row) -> bool:
-    """Whether a picked row came back leased already (``lease_ready``), or is still to lease."""
+    """Whether a picked row came back leased already (``lease_and_begin``), or is still to
+    lease."""
     return bool(row["leased"])
 
 

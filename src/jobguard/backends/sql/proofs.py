@@ -156,21 +156,25 @@ def _lock_grant(request: BeginRequest, fence: int, now: float) -> LockGrant:
     return LockGrant(request.resource_key, request.lock_owner, fence, now + request.lock_ttl_s)
 
 
-# The columns of an ``operations`` row that :func:`rows.operation` reads; ``begin_batch``
-# returns those of the operations it inserted with the prefix ``op_``.
-_OPERATION_COLUMNS = (
-    "key",
-    "status",
-    "resource_key",
-    "result",
-    "external_ref",
-    "attempts",
-    "fence",
-    "created_at",
-    "updated_at",
-    "completed_at",
-    "last_error",
-)
+def begun_in_row(
+    row: Row, request: BeginRequest | None, now: float
+) -> tuple[LockGrant | None, Begun | None]:
+    """What one delivery's begin by ``begin_batch`` or ``lease_and_begin`` got, from its row
+    (``fence``: the lock granted, NULL if busy; ``op``: the operation row inserted, as JSON):
+    the lock it holds, and its :class:`Begun`; ``None`` if it asked for nothing, or for an
+    operation already recorded (claimed one at a time next, holding that lock)."""
+    if request is None:
+        return None, None
+    grant = None
+    if request.resource_key is not None:
+        if row["fence"] is None:
+            return None, Begun(busy=BusyReason.LOCK)
+        grant = _lock_grant(request, row["fence"], now)
+    if request.operation_key is None:
+        return grant, Begun(grant=grant)
+    if row["op"] is None:
+        return grant, None
+    return grant, Begun(grant=grant, operation=rows.operation(row["op"], []))
 
 
 class Proofs:
@@ -276,20 +280,8 @@ class Proofs:
         found = {row["job_id"]: row for row in tx.all("begin_batch", params)}
         for index, request in enumerate(requests):
             row = found[guards[index].job_id]
-            guard = guards[index] = replace(guards[index], attempt_id=row["attempt_id"])
-            if request is None:
-                continue
-            if request.resource_key is not None:
-                if row["fence"] is None:
-                    begun[index] = Begun(busy=BusyReason.LOCK)
-                    continue
-                grant = _lock_grant(request, row["fence"], now)
-                guard = guards[index] = replace(guard, lock=grant)
-            if request.operation_key is None:
-                begun[index] = Begun(grant=guard.lock)
-            elif row["op_key"] is not None:
-                inserted = {name: row[f"op_{name}"] for name in _OPERATION_COLUMNS}
-                begun[index] = Begun(grant=guard.lock, operation=rows.operation(inserted, []))
+            grant, begun[index] = begun_in_row(row, request, now)
+            guards[index] = replace(guards[index], attempt_id=row["attempt_id"], lock=grant)
 
     @staticmethod
     def _grant_set(

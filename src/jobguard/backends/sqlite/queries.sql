@@ -40,7 +40,7 @@ RETURNING *;
 -- name: ready_jobs
 -- Queued jobs whose time has come, and running jobs whose lease expired (a crashed or stalled
 -- worker): both are available_at <= now. Nothing of a paused queue: the one place a pause acts.
--- None comes back leased (0): SQLite leases them with lease_jobs (PostgreSQL's lease_ready
+-- None comes back leased (0): SQLite leases them with lease_jobs (PostgreSQL's lease_and_begin
 -- picks and leases in one statement).
 SELECT id, task, status, attempts, max_attempts, lease_token, 0 AS leased FROM jobs
 WHERE queue = :queue AND status IN ('queued', 'running') AND available_at <= :now
