@@ -284,3 +284,23 @@ def test_leases_the_one_statement_took_go_to_work_when_the_transaction_after_it_
         fetch(store, ["b"])  # nothing taken before the failure: the fetch fails
     monkeypatch.undo()
     assert [job_row(store, job.id) for job in waiting] == [(JobStatus.QUEUED.value, 0)] * 2
+
+
+def test_leases_one_queue_took_go_to_work_when_the_next_queue_s_statement_fails(
+    store: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (first,) = store.enqueue_many([keyed_spec("a", "dock:1", None)])
+    (later,) = store.enqueue_many([keyed_spec("b", "dock:2", None)])
+    write_statement = store.driver.write_statement
+
+    def failing_for_b(name: str, params: Mapping[str, Any]) -> Any:
+        if params.get("queue") == "b":
+            raise StoreUnavailableError("injected: the connection failed")
+        return write_statement(name, params)
+
+    monkeypatch.setattr(store.driver, "write_statement", failing_for_b)
+    assert [p.delivery.job_id for p in fetch(store, ["a", "b"])] == [first.id]
+    with pytest.raises(StoreUnavailableError, match="injected"):
+        fetch(store, ["b"])
+    monkeypatch.undo()
+    assert job_row(store, later.id) == (JobStatus.QUEUED.value, 0)

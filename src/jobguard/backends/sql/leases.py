@@ -139,14 +139,11 @@ class Leases:
             return []
         prepared: list[Prepared] = []
         rest = list(queues)
-        if self.driver.dialect == "postgres":
-            prepared, rest = self._lease_and_begin(queues, limit, worker_id, task_rules)
-        room = limit - len(prepared)
 
         def op(tx: Tx) -> list[Prepared]:
             granted_at = time.monotonic()  # before the lease's start is read from the store
             now = tx.now()
-            picked = self._pick(tx, rest, room, task_rules, worker_id, now)
+            picked = self._pick(tx, rest, limit - len(prepared), task_rules, worker_id, now)
             waiting = [row for row in picked if not _leased(row)]
             spent = self._close_expired(tx, waiting, task_rules, now)
             leased = self._lease(
@@ -162,14 +159,16 @@ class Leases:
             requests = [begin_request(d, task_rules.get(d.task), worker_id) for d in deliveries]
             return self._begin_fetched(tx, deliveries, requests, now, granted_at)
 
-        if rest and room > 0:
-            try:
+        try:
+            if self.driver.dialect == "postgres":
+                rest = self._lease_and_begin(queues, limit, worker_id, task_rules, prepared)
+            if rest and len(prepared) < limit:
                 prepared += self.driver.write(op)
-            except StoreUnavailableError:
-                if not prepared:
-                    raise
-                # The leases taken by one statement each are committed: they go to work, and
-                # the next fetch meets the failure again.
+        except StoreUnavailableError:
+            if not prepared:
+                raise
+            # What one statement each took is committed: it goes to work, and the next fetch
+            # meets the failure again.
         self._expect_work = bool(prepared)
         return prepared
 
@@ -179,13 +178,14 @@ class Leases:
         limit: int,
         worker_id: str,
         rules: Mapping[str, DeliveryRules],
-    ) -> tuple[list[Prepared], list[str]]:
+        taken: list[Prepared],
+    ) -> list[str]:
         """The fetch on PostgreSQL in one statement per queue, run on its own (one commit, no
         transaction around it: ``lease_and_begin``), while each queue's batch needs nothing
-        more than that statement does. Returns what it took, and the queues left to the
-        fetch's transaction of several statements: from the first whose batch needs more."""
+        more than that statement does. Adds what it took to ``taken`` (as each statement
+        commits, so a later failure keeps it); returns the queues left to the fetch's
+        transaction of several statements: from the first whose batch needs more."""
         rule_items = _rule_items(rules)
-        taken: list[Prepared] = []
         for index, queue in enumerate(queues):
             if len(taken) >= limit:
                 break
@@ -202,23 +202,19 @@ class Leases:
             except StatementRefused:
                 # An operation of the batch was recorded after the statement looked (its key
                 # is unique): nothing of the statement was written.
-                return taken, list(queues[index:])
-            except StoreUnavailableError:
-                if not taken:
-                    raise
-                return taken, []  # the leases taken are committed: they go to work
+                return list(queues[index:])
             head = found[0]
             if not head["fast_picked"]:
                 continue
             if not head["fast_fit"]:
-                return taken, list(queues[index:])
+                return list(queues[index:])
             for row in found:
                 delivery = rows.delivery(row, row["attempt_id"])
                 rule = rules.get(delivery.task)
                 request = begin_request(delivery, rule, worker_id, row["lock_owner"])
                 begun = begun_in_row(row, request, head["fast_now"])[1]
                 taken.append(Prepared(delivery, request, begun, granted_at))
-        return taken, []
+        return []
 
     def _begin_fetched(
         self,
