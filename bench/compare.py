@@ -9,8 +9,10 @@ Usage (from the repository root, after ``pip install -e '.[postgres,bench]'``; P
 jobguard runs through the real ``jobguard worker`` command (2 processes, at 4 and at 16
 threads) with two jobs: "plain", a no-op, and "full", the whole guard (lease + resource lock +
 operation record + one ``ctx.db_step`` inserting a business row into the store's own database +
-atomic finish). The peers run their own worker commands (2 processes x 4 threads) with a
-handler that inserts the same row into PostgreSQL. For every system:
+atomic finish). The peers run their own worker commands (2 processes x 4 threads, or each
+count of ``--peer-concurrency``) with a handler that inserts the same row into PostgreSQL; each
+ratio compares jobguard's full guard with a peer of the same processes x threads (or, where the
+peer did not run at that shape, with its first). For every system:
 
 * drain: a prefilled queue is drained; jobs/s over the span from the first handler start to the
   last business row (plain jobs write no row: first delivery to last finish in the attempt log);
@@ -212,17 +214,27 @@ def peer_line(
     )
 
 
+def peers_beside(lines: list[Line], shape: str) -> list[tuple[str, Line]]:
+    """Each peer's line at ``shape`` (processes x threads), or its first line if it did not run
+    at that shape: ``(name, line)`` in the order the peers ran."""
+    found: dict[str, Line] = {}
+    for line in lines:
+        name = line.system.split()[0]
+        if name == "jobguard":
+            continue
+        if name not in found or (line.shape == shape and found[name].shape != shape):
+            found[name] = line
+    return list(found.items())
+
+
 def verdicts(lines: list[Line], args: argparse.Namespace, say: Tee) -> None:
     """Ratios of jobguard's full guard on PostgreSQL to the peers, and the issue's targets."""
-    peers = {
-        line.system.split()[0]: line for line in lines if not line.system.startswith("jobguard")
-    }
     guarded = [x for x in lines if x.system.startswith("jobguard") and x.job == "full"]
     say()
     for line in guarded:
-        for name, peer in peers.items():
+        for name, peer in peers_beside(lines, line.shape):
             say(
-                f"ratio: jobguard full ({line.store}, {line.shape}) / {name} (2x4) = "
+                f"ratio: jobguard full ({line.store}, {line.shape}) / {name} ({peer.shape}) = "
                 f"{line.jobs_per_s / peer.jobs_per_s:.2f}x"
             )
     targets = {"dramatiq": 2.0, "procrastinate": 7.0}
@@ -230,7 +242,7 @@ def verdicts(lines: list[Line], args: argparse.Namespace, say: Tee) -> None:
     for line in guarded:
         if line.store != "PostgreSQL":
             continue
-        for name, peer in peers.items():
+        for name, peer in peers_beside(lines, line.shape):
             ratio = line.jobs_per_s / peer.jobs_per_s
             need = targets[name]
             verdict = "met" if ratio >= need else f"missed by {need / ratio:.2f}x"
@@ -264,7 +276,14 @@ def parse() -> argparse.Namespace:
         "--concurrency",
         type=lambda text: [int(c) for c in text.split(",")],
         default=[4, 16],
-        help="jobguard threads per process, comma-separated (peers: 4)",
+        help="jobguard threads per process, comma-separated",
+    )
+    parser.add_argument(
+        "--peer-concurrency",
+        type=lambda text: [int(c) for c in text.split(",")],
+        default=[4],
+        help="peers' threads (dramatiq) or concurrency (procrastinate) per process, "
+        "comma-separated",
     )
     parser.add_argument("--rate", type=int, default=25, help="pickup: jobs/s, one at a time")
     parser.add_argument("--seconds", type=float, default=10.0, help="pickup: pacing length")
@@ -305,14 +324,16 @@ def main() -> None:
                 db = PeerDatabase(database_url)
                 peers = [Procrastinate(db, folder), Dramatiq(db, folder, args.redis)]
                 for peer in peers:
-                    drained = again(say, peer.name, partial(peer.drain, args.jobs, args.workers, 4))
-                    pickup = partial(
-                        peer.pickup, args.workers, 4, args.rate, args.seconds, args.idle_s
-                    )
-                    paced = again(say, peer.name, pickup)
-                    shape = f"{args.workers}x4"
-                    lines.append(peer_line(peer.name, peer.store, shape, drained, paced))
-                    say(render(lines[-1]))
+                    for threads in args.peer_concurrency:
+                        drain = partial(peer.drain, args.jobs, args.workers, threads)
+                        drained = again(say, peer.name, drain)
+                        pickup = partial(
+                            peer.pickup, args.workers, threads, args.rate, args.seconds, args.idle_s
+                        )
+                        paced = again(say, peer.name, pickup)
+                        shape = f"{args.workers}x{threads}"
+                        lines.append(peer_line(peer.name, peer.store, shape, drained, paced))
+                        say(render(lines[-1]))
             verdicts(lines, args, say)
         say()
 
