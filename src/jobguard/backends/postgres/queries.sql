@@ -3,7 +3,12 @@
 -- A list of items (%(items)s, one jsonb) is taken by the planner for 100 rows, so joined to a
 -- table it may be planned as a scan of the whole table, whose cost grows with the queue's
 -- history. Each statement therefore reads its rows by key: "col = ANY (ARRAY(<the items'
--- keys>))" gives the table's primary-key index the keys to look up.
+-- keys>))" gives the table's primary-key index the keys to look up. A prepared statement keeps
+-- the plan it was given while the tables were small (a new store), and there a list of keys
+-- costs more by the index than a scan of the small table: a statement whose items are joined to
+-- a history table reads each item's row on its own ("LATERAL (... WHERE id = item.job_id
+-- OFFSET 0)", or a sub-query per item), and those that can do neither are planned anew on every
+-- run (the driver's UNPREPARED).
 
 -- name: job_by_id
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
@@ -79,8 +84,7 @@ INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, work
 SELECT j.id, j.attempts, j.task, j.queue, j.operation_key, j.worker_id, j.lease_token,
        item.lock_owner, item.fence, %(now)s, %(host)s::text
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(job_id bigint, lock_owner text, fence bigint)
-JOIN {schema}.jobs AS j ON j.id = item.job_id
-WHERE j.id = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'job_id')::bigint))
+     CROSS JOIN LATERAL (SELECT * FROM {schema}.jobs WHERE id = item.job_id OFFSET 0) AS j
 RETURNING id, job_id;
 
 -- name: extend_leases
@@ -342,10 +346,10 @@ WITH item AS (
                                           created_at, updated_at)
          SELECT item.key, 'processing', item.resource, j.lease_token, 1, granted.fence,
                 %(now)s, %(now)s
-         FROM item JOIN {schema}.jobs AS j ON j.id = item.job_id
+         FROM item
+              CROSS JOIN LATERAL (SELECT * FROM {schema}.jobs WHERE id = item.job_id OFFSET 0) AS j
               LEFT JOIN granted ON granted.resource = item.resource
          WHERE (SELECT count(*) FROM granted) >= 0
-           AND j.id = ANY (ARRAY(SELECT job_id FROM item))
            AND item.key IS NOT NULL AND (item.resource IS NULL OR granted.resource IS NOT NULL)
          ORDER BY item.key COLLATE "C"
          ON CONFLICT (key) DO NOTHING
@@ -356,9 +360,9 @@ WITH item AS (
                                         host_delivery)
          SELECT j.id, j.attempts, j.task, j.queue, j.operation_key, j.worker_id, j.lease_token,
                 granted.owner, granted.fence, %(now)s, %(host)s::text
-         FROM item JOIN {schema}.jobs AS j ON j.id = item.job_id
+         FROM item
+              CROSS JOIN LATERAL (SELECT * FROM {schema}.jobs WHERE id = item.job_id OFFSET 0) AS j
               LEFT JOIN granted ON granted.resource = item.resource
-         WHERE j.id = ANY (ARRAY(SELECT job_id FROM item))
          ORDER BY item.n  -- attempt ids in the batch's order, as insert_attempts gives them
          RETURNING id, job_id)
 SELECT item.job_id, granted.fence, attempt.id AS attempt_id, to_jsonb(claimed) AS op
@@ -417,8 +421,11 @@ WITH clock AS (
                                 AND concurrency_limit IS NOT NULL)
                 AND count(resource) = count(DISTINCT resource)
                 AND count(key) = count(DISTINCT key)
-                AND NOT EXISTS (SELECT 1 FROM {schema}.operations
-                                WHERE key = ANY (ARRAY(SELECT key FROM item))) AS ok
+                -- One primary-key probe per item: an "= ANY" of the batch's keys is planned
+                -- as a scan of the whole table while it is small, and a statement's cached
+                -- plan then keeps that scan as the table grows.
+                AND NOT coalesce(bool_or((SELECT true FROM {schema}.operations AS o
+                                          WHERE o.key = item.key)), false) AS ok
          FROM item),
      leased AS (
          UPDATE {schema}.jobs AS j
