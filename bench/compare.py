@@ -115,6 +115,16 @@ HEADER = (
 )
 
 
+def say_postgres_bench(say: Tee, module: str, database_url: str) -> None:
+    """The command line of a PostgreSQL bench and the machine it runs on, first in its output."""
+    say(f"$ python -m {module} {' '.join(sys.argv[1:])}".rstrip())
+    say(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; {server_settings(database_url)}; load average at start "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+
+
 def again(say: Tee, what: str, measure: Callable[[], T]) -> T:
     """Run one measurement; run it again if PostgreSQL restarted meanwhile.
 

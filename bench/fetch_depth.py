@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import platform
 import secrets
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -30,8 +27,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from bench.compare import RESULTS, Tee, again
-from bench.pgdb import scratch_database, server_settings
+from bench.compare import RESULTS, Tee, again, say_postgres_bench
+from bench.pgdb import scratch_database
 from jobguard.backends import migrate_store
 from jobguard.backends.postgres import PostgresBackend
 from jobguard.diagnostics.durations import percentile
@@ -117,12 +114,7 @@ def main() -> None:
     out = args.out or RESULTS / f"fetch-depth-{dt.date.today().isoformat()}.txt"
     with out.open("a") as sink, scratch_database() as database_url:
         say = Tee(sink)
-        say(f"$ python -m bench.fetch_depth {' '.join(sys.argv[1:])}".rstrip())
-        say(
-            f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}; {server_settings(database_url)}; load average at start "
-            f"{os.getloadavg()[0]:.1f}"
-        )
+        say_postgres_bench(say, "bench.fetch_depth", database_url)
         again(say, "fetch depth", partial(measure, database_url, args, batches, say))
         say()
 

@@ -115,12 +115,6 @@ def channel_of(schema: str) -> str:
 # Parameters that are lists of records: each travels as one jsonb (jsonb_to_recordset).
 RECORD_LISTS = ("items", "rules")
 
-# Statements planned anew on every run instead of prepared: each changes rows of a history
-# table picked from a list of ids, which a prepared statement's plan (made while the table was
-# small, as on a new store, and kept) would take by scanning the whole table, a cost growing
-# with every job run. All three are off the path of a batch of new jobs.
-UNPREPARED = frozenset({"lease_jobs", "mark_attempts", "attempt_locks"})
-
 
 def bound(params: Mapping[str, Any]) -> Mapping[str, Any]:
     """``params`` as psycopg sends them: each list of records (:data:`RECORD_LISTS`) as jsonb."""
@@ -151,8 +145,6 @@ class PostgresTx(NamedStatements):
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
         cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
-        if name in UNPREPARED and isinstance(cursor, psycopg.Cursor):
-            return cursor.execute(self._queries[name], bound(params), prepare=False)
         return cursor.execute(self._queries[name], bound(params))
 
     @contextmanager

@@ -3,12 +3,10 @@
 -- A list of items (%(items)s, one jsonb) is taken by the planner for 100 rows, so joined to a
 -- table it may be planned as a scan of the whole table, whose cost grows with the queue's
 -- history. Each statement therefore reads its rows by key: "col = ANY (ARRAY(<the items'
--- keys>))" gives the table's primary-key index the keys to look up. A prepared statement keeps
--- the plan it was given while the tables were small (a new store), and there a list of keys
--- costs more by the index than a scan of the small table: a statement whose items are joined to
--- a history table reads each item's row on its own ("LATERAL (... WHERE id = item.job_id
--- OFFSET 0)", or a sub-query per item), and those that can do neither are planned anew on every
--- run (the driver's UNPREPARED).
+-- keys>))" gives the table's primary-key index the keys to look up. But a prepared statement
+-- keeps the plan it was given while the tables were small (a new store), and there a list of
+-- keys costs more by the index than a scan of the small table: the fetch of new jobs therefore
+-- probes operations with one sub-query per item.
 
 -- name: job_by_id
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
@@ -84,7 +82,8 @@ INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, work
 SELECT j.id, j.attempts, j.task, j.queue, j.operation_key, j.worker_id, j.lease_token,
        item.lock_owner, item.fence, %(now)s, %(host)s::text
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(job_id bigint, lock_owner text, fence bigint)
-     CROSS JOIN LATERAL (SELECT * FROM {schema}.jobs WHERE id = item.job_id OFFSET 0) AS j
+JOIN {schema}.jobs AS j ON j.id = item.job_id
+WHERE j.id = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'job_id')::bigint))
 RETURNING id, job_id;
 
 -- name: extend_leases
@@ -346,10 +345,10 @@ WITH item AS (
                                           created_at, updated_at)
          SELECT item.key, 'processing', item.resource, j.lease_token, 1, granted.fence,
                 %(now)s, %(now)s
-         FROM item
-              CROSS JOIN LATERAL (SELECT * FROM {schema}.jobs WHERE id = item.job_id OFFSET 0) AS j
+         FROM item JOIN {schema}.jobs AS j ON j.id = item.job_id
               LEFT JOIN granted ON granted.resource = item.resource
          WHERE (SELECT count(*) FROM granted) >= 0
+           AND j.id = ANY (ARRAY(SELECT job_id FROM item))
            AND item.key IS NOT NULL AND (item.resource IS NULL OR granted.resource IS NOT NULL)
          ORDER BY item.key COLLATE "C"
          ON CONFLICT (key) DO NOTHING
@@ -360,9 +359,9 @@ WITH item AS (
                                         host_delivery)
          SELECT j.id, j.attempts, j.task, j.queue, j.operation_key, j.worker_id, j.lease_token,
                 granted.owner, granted.fence, %(now)s, %(host)s::text
-         FROM item
-              CROSS JOIN LATERAL (SELECT * FROM {schema}.jobs WHERE id = item.job_id OFFSET 0) AS j
+         FROM item JOIN {schema}.jobs AS j ON j.id = item.job_id
               LEFT JOIN granted ON granted.resource = item.resource
+         WHERE j.id = ANY (ARRAY(SELECT job_id FROM item))
          ORDER BY item.n  -- attempt ids in the batch's order, as insert_attempts gives them
          RETURNING id, job_id)
 SELECT item.job_id, granted.fence, attempt.id AS attempt_id, to_jsonb(claimed) AS op
