@@ -17,8 +17,10 @@ _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def bench_env(**extra: str) -> dict[str, str]:
-    """This environment plus the repository on the path and ``extra``."""
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), **extra}
+    """This environment plus the repository on the path (after what it held: a paired run
+    puts another checkout's jobguard first) and ``extra``."""
+    path = [os.environ.get("PYTHONPATH", ""), str(REPO_ROOT)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(part for part in path if part), **extra}
 
 
 def jobguard_command(queue: str, concurrency: int, burst: bool) -> list[str]:

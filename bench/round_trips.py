@@ -7,7 +7,7 @@ Usage (from the repository root, after ``pip install -e '.[postgres,bench]'``)::
 
 A worker runs in this process (``Worker.run(burst=True)``) over a prefilled queue in a
 throw-away database; every statement psycopg sends is counted by name (jobguard's named
-statements, the task's own insert, and BEGIN/COMMIT/SAVEPOINT/RELEASE of the transactions).
+statements, the task's own insert, and BEGIN/COMMIT/ROLLBACK/SAVEPOINT/RELEASE of the transactions).
 Outside psycopg's pipeline mode each is one round trip to the server; inside it, statements
 travel together and the client waits only where it needs an answer, so "round trips" counts
 those waits (a sync or a fetch with results outstanding) and "statements" what was sent.
@@ -48,7 +48,7 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
     counts: Counter[str] = Counter()
     waits: Counter[str] = Counter()
     execute = psycopg.Cursor.execute
-    transaction = psycopg.Connection.transaction
+    enter, leave = psycopg.Transaction.__enter__, psycopg.Transaction.__exit__
     fetch_gen = _pipeline_base.BasePipeline._fetch_gen
 
     def counted_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
@@ -59,15 +59,24 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
             waits[name] += 1
         return execute(self, query, params, **options)
 
-    @contextmanager
-    def counted_transaction(self: Any, *args: Any, **options: Any) -> Iterator[Any]:
-        nested = self.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        name = "SAVEPOINT + RELEASE" if nested else "BEGIN + COMMIT"
-        counts[name] += 2
-        if self._pipeline is None:
-            waits[name] += 2
-        with transaction(self, *args, **options) as tx:
-            yield tx
+    def ends(tx: Any) -> tuple[str, str]:
+        nested = tx.savepoint_name is not None and tx.connection._num_transactions > 1
+        return ("SAVEPOINT", "RELEASE") if nested else ("BEGIN", "COMMIT")
+
+    def counted_enter(self: Any) -> Any:
+        entered = enter(self)
+        name = ends(self)[0]  # read once entered: only then is it known to be nested
+        counts[name] += 1
+        if self.connection._pipeline is None:
+            waits[name] += 1
+        return entered
+
+    def counted_leave(self: Any, *exc: Any) -> Any:
+        name = ends(self)[1] if exc[0] is None else "ROLLBACK"
+        counts[name] += 1
+        if self.connection._pipeline is None:
+            waits[name] += 1
+        return leave(self, *exc)
 
     def counted_fetch_gen(self: Any, *, flush: bool) -> Any:
         if self.result_queue:
@@ -75,13 +84,16 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
         return fetch_gen(self, flush=flush)
 
     psycopg.Cursor.execute = counted_execute  # type: ignore[assignment,method-assign]
-    psycopg.Connection.transaction = counted_transaction  # type: ignore[assignment,method-assign]
+    # A transaction counted where it begins and ends, however it was opened.
+    psycopg.Transaction.__enter__ = counted_enter  # type: ignore[method-assign]
+    psycopg.Transaction.__exit__ = counted_leave  # type: ignore[method-assign]
     _pipeline_base.BasePipeline._fetch_gen = counted_fetch_gen  # type: ignore[method-assign]
     try:
         yield counts, waits
     finally:
         psycopg.Cursor.execute = execute  # type: ignore[method-assign]
-        psycopg.Connection.transaction = transaction  # type: ignore[method-assign]
+        psycopg.Transaction.__enter__ = enter  # type: ignore[method-assign]
+        psycopg.Transaction.__exit__ = leave  # type: ignore[method-assign]
         _pipeline_base.BasePipeline._fetch_gen = fetch_gen  # type: ignore[method-assign]
 
 
