@@ -58,6 +58,19 @@ def full(ctx: Context, n: int, t: float) -> None:
 
 
 @app.task(
+    name="full_writes",
+    queue="writes",
+    operation_key="bench-writes:{n}",
+    resource_key="bench-res:{n}",
+)
+def full_writes(ctx: Context, n: int, t: float) -> None:
+    """The full guard with the business row written by ``ctx.db_writes``: the same rows and
+    proofs as ``full``, the step's transaction sent at once (one round trip on PostgreSQL)."""
+    now = time.time()
+    ctx.db_writes("effect", [(INSERT_EFFECT, (n, t, now, now))])
+
+
+@app.task(
     name="full_retry",
     queue="retry",
     operation_key="bench-retry:{n}",

@@ -7,9 +7,11 @@ Usage (from the repository root, after ``pip install -e '.[postgres,bench]'``; P
     python -m bench.compare --jobs 5000 --no-peers
 
 jobguard runs through the real ``jobguard worker`` command (2 processes, at 4 and at 16
-threads) with two jobs: "plain", a no-op, and "full", the whole guard (lease + resource lock +
+threads) with three jobs: "plain", a no-op, "full", the whole guard (lease + resource lock +
 operation record + one ``ctx.db_step`` inserting a business row into the store's own database +
-atomic finish). The peers run their own worker commands (2 processes x 4 threads, or each
+atomic finish), and "writes", the same guard and row with the row written by ``ctx.db_writes``
+(the step's transaction sent in one round trip on PostgreSQL). The peers run their own worker
+commands (2 processes x 4 threads, or each
 count of ``--peer-concurrency``) with a handler that inserts the same row into PostgreSQL; each
 ratio compares jobguard's full guard with a peer of the same processes x threads (or, where the
 peer did not run at that shape, with its first). For every system:
@@ -153,7 +155,7 @@ def jobguard_lines(
     """Every jobguard run on one backend."""
     found: list[Line] = []
     for concurrency in args.concurrency:
-        for mode in ("plain", "full"):
+        for mode in ("plain", "full", "writes"):
             what = f"jobguard {store} {mode} 2x{concurrency}"
             drained = again(
                 say, what, partial(runs.drain, mode, args.jobs, args.workers, concurrency)
@@ -167,7 +169,7 @@ def jobguard_lines(
             if effects is not None:
                 rate = effects.rows / effects.span_s
                 say(
-                    f"  (jobguard {store} full c={concurrency}: attempt log first delivery to "
+                    f"  (jobguard {store} {mode} c={concurrency}: attempt log first delivery to "
                     f"last finish {drained.jobs / drained.attempt_span_s:.0f} jobs/s)"
                 )
             line = Line(
@@ -238,14 +240,15 @@ def peers_beside(lines: list[Line], shape: str) -> list[tuple[str, Line]]:
 
 
 def verdicts(lines: list[Line], args: argparse.Namespace, say: Tee) -> None:
-    """Ratios of jobguard's full guard on PostgreSQL to the peers, and the issue's targets."""
-    guarded = [x for x in lines if x.system.startswith("jobguard") and x.job == "full"]
+    """Ratios of jobguard's full guard (``db_step`` and ``db_writes``) on PostgreSQL to the
+    peers, and the issue's targets."""
+    guarded = [x for x in lines if x.system.startswith("jobguard") and x.job in ("full", "writes")]
     say()
     for line in guarded:
         for name, peer in peers_beside(lines, line.shape):
             say(
-                f"ratio: jobguard full ({line.store}, {line.shape}) / {name} ({peer.shape}) = "
-                f"{line.jobs_per_s / peer.jobs_per_s:.2f}x"
+                f"ratio: jobguard {line.job} ({line.store}, {line.shape}) / {name} "
+                f"({peer.shape}) = {line.jobs_per_s / peer.jobs_per_s:.2f}x"
             )
     targets = {"dramatiq": 2.0, "procrastinate": 7.0}
     say()
@@ -257,7 +260,7 @@ def verdicts(lines: list[Line], args: argparse.Namespace, say: Tee) -> None:
             need = targets[name]
             verdict = "met" if ratio >= need else f"missed by {need / ratio:.2f}x"
             say(
-                f"target full guard PostgreSQL {line.shape} >= {need:.0f}x {name}: "
+                f"target {line.job} guard PostgreSQL {line.shape} >= {need:.0f}x {name}: "
                 f"{ratio:.2f}x, {verdict}"
             )
     for line in lines:

@@ -10,7 +10,7 @@ from bench import procs
 from bench.measure import EFFECT_ROWS, Cpu, Effects, Sent, load, pace, read_effects
 from bench.stores import BenchStore
 
-QUEUE_OF = {"plain": "plain", "full": "full", "retry": "retry"}
+QUEUE_OF = {"plain": "plain", "full": "full", "writes": "writes", "retry": "retry"}
 
 
 @dataclass
@@ -60,6 +60,8 @@ class JobguardRuns:
                 module.noop.enqueue_many({"n": n} for n in numbers)
             elif mode == "retry":
                 module.full_retry.enqueue_many({"n": n, "t": now} for n in numbers)
+            elif mode == "writes":
+                module.full_writes.enqueue_many({"n": n, "t": now} for n in numbers)
             else:
                 module.full.enqueue_many({"n": n, "t": now} for n in numbers)
         module.app.close()
@@ -77,7 +79,7 @@ class JobguardRuns:
         if done != jobs:
             raise SystemExit(f"jobguard {self.kind} {mode}: only {done} of {jobs} jobs completed")
         effects = None
-        if mode in ("full", "retry"):
+        if mode in ("full", "writes", "retry"):
             effects = self._effects(store)
             if effects.rows != jobs or effects.distinct != jobs:
                 raise SystemExit(f"{effects.rows} business rows ({effects.distinct} distinct)")
@@ -105,11 +107,12 @@ class JobguardRuns:
             if mode == "plain":
                 sent = pace(lambda n: module.noop.enqueue(n=n), rate, seconds)
             else:
-                sent = pace(lambda n: module.full.enqueue(n=n, t=time.time()), rate, seconds)
+                task = module.full_writes if mode == "writes" else module.full
+                sent = pace(lambda n: task.enqueue(n=n, t=time.time()), rate, seconds)
             count = len(sent.called)
             procs.wait_for(lambda: store.completed() >= count, 60, "paced jobs to complete")
         finally:
             procs.stop(running)
             module.app.close()
-        effects = self._effects(store) if mode == "full" else None
+        effects = self._effects(store) if mode in ("full", "writes") else None
         return Paced(sent, store.leased(), effects, cpu)

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobguard.core import messages
@@ -395,6 +395,37 @@ class Context:
         result: T = value
         return result
 
+    def db_writes(self, name: str, statements: Sequence[tuple[Any, Any]]) -> None:
+        """Run write ``statements`` in one transaction with the step record, once per operation.
+
+        ``statements`` is a list of ``(sql, parameters)`` pairs (parameters ``None``, a sequence
+        or a mapping, in the store's placeholder style, as ``db_step`` code writes them). It is
+        :meth:`db_step` for writes whose SQL is known before they run: no function is called and
+        no rows come back, so on PostgreSQL the whole transaction (BEGIN, the guard's proofs,
+        the statements, the step record, COMMIT) travels in one round trip instead of one per
+        statement. The guarantees are the same (G5.2): the statements commit if and only if the
+        step record does, a stale delivery's statements never run, and on a retry a recorded
+        step runs nothing. A failing statement raises
+        :class:`~jobguard.exceptions.StepSQLError` after the whole step rolled back (not where
+        it stands in the list: nothing is read between the statements).
+        """
+        key, done = self._claim_step("db_writes", name)
+        if done:
+            self._memoised(name)
+            return
+        writes = _writes(name, statements)
+        with self._hooks.running_step(self._inflight.delivery, name):
+            ran = self._backend.db_writes(self._inflight.guard, key, name, writes)
+        self._steps[name] = None
+        if ran:
+            self.steps_run += 1
+        else:
+            self.steps_skipped += 1
+
+    async def db_writes_async(self, name: str, statements: Sequence[tuple[Any, Any]]) -> None:
+        """:meth:`db_writes` for async code: the transaction runs on a thread, off the loop."""
+        await asyncio.to_thread(self.db_writes, name, statements)
+
     async def db_step_async(
         self, name: str, fn: Callable[..., Any], *args: Any, on: StepTransactions | None = None
     ) -> Any:
@@ -403,3 +434,36 @@ class Context:
         ``fn`` is a plain function (it runs on that thread); ``on`` as in :meth:`db_step`.
         """
         return await asyncio.to_thread(self.db_step, name, fn, *args, on=on)
+
+
+def _writes(name: str, statements: Any) -> list[tuple[Any, Any]]:
+    """``ctx.db_writes`` statements as ``(sql, parameters)`` pairs, or why they are not."""
+    if isinstance(statements, str | bytes) or not isinstance(statements, Sequence):
+        raise StepError(
+            f"ctx.db_writes({name!r}) takes a list of (sql, parameters) pairs, not "
+            f"{type(statements).__name__}"
+        )
+    if not statements:
+        raise StepError(f"ctx.db_writes({name!r}) was given no statement to run")
+    writes = []
+    for index, pair in enumerate(statements):
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise StepError(
+                f"ctx.db_writes({name!r}) statement {index} must be a (sql, parameters) pair, "
+                f"not {pair!r:.80}"
+            )
+        query, params = pair
+        if not isinstance(query, str) and not hasattr(query, "as_string"):  # psycopg's sql
+            raise StepError(
+                f"ctx.db_writes({name!r}) statement {index}: the SQL must be text, not "
+                f"{type(query).__name__}"
+            )
+        if params is not None and (
+            isinstance(params, str | bytes) or not isinstance(params, Sequence | Mapping)
+        ):
+            raise StepError(
+                f"ctx.db_writes({name!r}) statement {index}: parameters must be None, a "
+                f"sequence or a mapping, not {type(params).__name__}"
+            )
+        writes.append((query, params))
+    return writes

@@ -261,21 +261,25 @@ def test_worker_paused_past_lock_ttl_and_lease_is_refused_and_the_new_holder_win
         assert len(shop.mail.requests) == 1
 
 
-def test_stale_fence_is_refused_while_the_stale_lease_is_still_live(shop: Shop) -> None:
+@pytest.mark.parametrize("writes", [False, True], ids=["db_step", "db_writes"])
+def test_stale_fence_is_refused_while_the_stale_lease_is_still_live(
+    shop: Shop, writes: bool
+) -> None:
     """A's lock (TTL 1 s) runs out while its lease (30 s) does not; another job on the same
-    resource takes the lock. A's guarded write is then refused by the fence alone, the job is
-    handed back uncharged, and it reruns under a fresh, higher fence.
+    resource takes the lock. A's guarded write (a ``db_step``, or a ``db_writes`` sent in one
+    round trip) is then refused by the fence alone, the job is handed back uncharged, and it
+    reruns under a fresh, higher fence.
 
-    G3.5 ("a paused worker whose lock expired cannot write after a newer owner"), G3.5.
+    G3.5 ("a paused worker whose lock expired cannot write after a newer owner"), G3.5, G5.2.
     """
     producer = guard_app.make_app(shop.url, lease_s=30.0, lock_ttl_s=1.0)
     hold = producer.tasks[HOLD]
     try:
-        first = hold.enqueue(job_no=1, resource="shelf")
+        first = hold.enqueue(job_no=1, resource="shelf", writes=writes)
         worker_a = shop.spawn(Faults(pause_point="start"), lease_s=30.0)
         marker = shop.paused_marker(worker_a)
         shop.freeze(worker_a)
-        second = hold.enqueue(job_no=2, resource="shelf")
+        second = hold.enqueue(job_no=2, resource="shelf", writes=writes)
         shop.spawn(lease_s=30.0)
         shop.wait_status(second.id, JobStatus.COMPLETED)
         shop.resume(worker_a)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from jobguard import App, JobStatus, Outcome
-from jobguard.backends.base import Closing, Ending, Renewal
+from jobguard.backends.base import BeginRequest, Closing, Ending, Renewal
 from jobguard.backends.postgres.driver import render_queries
+from jobguard.exceptions import LeaseLostError
 from jobguard.pipeline import guard_of
 from tests.support import pg, stores
 from tests.support.faultproxy import FaultProxy
@@ -256,3 +258,56 @@ def test_a_batch_of_successes_settles_in_one_round_trip(
     finally:
         worker_app.close()
     assert {napp.get_job(p.delivery.job_id).status for p in fetched} == {JobStatus.COMPLETED}
+
+
+def test_db_writes_send_the_whole_step_transaction_in_one_round_trip(
+    pg_url: str, proxy: FaultProxy, napp: App
+) -> None:
+    """``db_writes`` sends BEGIN, the guard's proofs, the statements, the step record and
+    COMMIT at once: the server answers once (a ``db_step`` of the same one statement waits
+    for it five times: BEGIN, the proofs, the statement, the step record, COMMIT)."""
+    wrote = stores.table(pg_url, "wrote")
+    stores.execute(pg_url, [f"CREATE TABLE {wrote} (n INTEGER PRIMARY KEY)"])
+    insert = f"INSERT INTO {wrote} (n) VALUES (%s)"
+    job = napp.tasks[BRIEF].enqueue(n=1, work_s=0.0)
+    worker_app = make_app(proxy.url_for(pg_url))
+    try:
+        backend = worker_app.backend
+        (prepared,) = backend.fetch_prepared(["default"], 1, "w", None)
+        guard = guard_of(prepared.delivery)
+        assert backend.begin(guard, BeginRequest(operation_key="rt:1")).busy is None
+        proxy.server_readies = 0
+        assert backend.db_writes(guard, "rt:1", "first", [(insert, (1,)), (insert, (2,))])
+        assert proxy.server_readies == 1
+        proxy.server_readies = 0
+        step = backend.db_step(
+            guard, "rt:1", "second", lambda conn: conn.execute(insert, (3,)) and 0, ()
+        )
+        assert step == (True, 0)
+        assert proxy.server_readies == 5
+    finally:
+        worker_app.close()
+    assert stores.query(pg_url, f"SELECT n FROM {wrote} ORDER BY n") == [(1,), (2,), (3,)]
+    assert prepared.delivery.job_id == job.id
+
+
+def test_a_stale_delivery_s_db_writes_never_reach_the_server_s_executor(
+    pg_url: str, napp: App
+) -> None:
+    """G5.2 with everything sent at once: the proofs fail first, so the server skips the
+    statements sent after them. A sequence, which no rollback winds back, shows that its
+    ``nextval`` never ran; a current delivery's does."""
+    counter = stores.table(pg_url, "counter")
+    stores.execute(pg_url, [f"CREATE SEQUENCE {counter}"])
+    bump = (f"SELECT nextval('{counter}')", None)
+    napp.tasks[BRIEF].enqueue(n=1, work_s=0.0)
+    backend = napp.backend
+    (prepared,) = backend.fetch_prepared(["default"], 1, "w", None)
+    guard = guard_of(prepared.delivery)
+    assert backend.begin(guard, BeginRequest(operation_key="seq:1")).busy is None
+    stale = replace(guard, lease_token="not-" + guard.lease_token)
+    with pytest.raises(LeaseLostError):
+        backend.db_writes(stale, "seq:1", "bump", [bump])
+    assert stores.query(pg_url, f"SELECT is_called FROM {counter}") == [(False,)]
+    assert backend.db_writes(guard, "seq:1", "bump", [bump]) is True
+    assert stores.query(pg_url, f"SELECT last_value, is_called FROM {counter}") == [(1, True)]

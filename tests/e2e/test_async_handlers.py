@@ -44,7 +44,8 @@ def test_async_steps_are_memoised_across_retries_and_db_steps_commit_with_their_
     app: App, store_url: str
 ) -> None:
     """``await ctx.step_async`` (of a coroutine function) runs once per operation and returns
-    its stored value on the retry; ``await ctx.db_step_async`` writes its rows once; async code
+    its stored value on the retry; ``await ctx.db_step_async`` and ``await ctx.db_writes_async``
+    write their rows once; async code
     enqueues with ``await task.enqueue_async`` without blocking its loop."""
     calls: list[str] = []
 
@@ -55,6 +56,9 @@ def test_async_steps_are_memoised_across_retries_and_db_steps_commit_with_their_
     paid = stores.table(store_url, "paid")
     stores.execute(store_url, [f"CREATE TABLE {paid} (order_id INTEGER UNIQUE)"])
     insert = stores.dialect_sql(store_url, f"INSERT INTO {paid} VALUES (?)")
+    ledger = stores.table(store_url, "ledger")
+    stores.execute(store_url, [f"CREATE TABLE {ledger} (order_id INTEGER UNIQUE)"])
+    booked = stores.dialect_sql(store_url, f"INSERT INTO {ledger} VALUES (?)")
 
     def insert_row(conn: Any, order_id: int) -> int:
         conn.execute(insert, (order_id,))
@@ -69,6 +73,7 @@ def test_async_steps_are_memoised_across_retries_and_db_steps_commit_with_their_
 
         charged = await ctx.step_async("charge", charge)
         await ctx.db_step_async("record", insert_row, order_id)
+        await ctx.db_writes_async("ledger", [(booked, (order_id,))])
         if ctx.attempt == 1:
             raise Retry("the bank asked us to come back", delay_s=0)
         await receipt.enqueue_async(order_id=order_id)
@@ -82,10 +87,11 @@ def test_async_steps_are_memoised_across_retries_and_db_steps_commit_with_their_
     operation = app.operation("pay:9")
     assert operation is not None
     assert operation.result == {"id": "ch_1", "amounts": [1, 2], "meta": {"ok": True}}
-    assert set(operation.steps) == {"charge", "record"}
+    assert set(operation.steps) == {"charge", "record", "ledger"}
     [attempt_1, attempt_2] = app.attempts(job_id=job.id)
-    assert (attempt_1.steps_run, attempt_2.steps_run, attempt_2.steps_skipped) == (2, 0, 2)
+    assert (attempt_1.steps_run, attempt_2.steps_run, attempt_2.steps_skipped) == (3, 0, 3)
     assert stores.query(store_url, f"SELECT order_id FROM {paid}") == [(9,)]
+    assert stores.query(store_url, f"SELECT order_id FROM {ledger}") == [(9,)]
 
 
 def test_an_async_handler_longer_than_its_lease_keeps_it_through_the_heartbeat(app: App) -> None:

@@ -75,3 +75,62 @@ def test_a_step_name_no_store_can_hold_is_refused_before_anything_runs(app: App,
     assert (final.status, final.attempts) == (JobStatus.DEAD, 1)
     assert "name must be non-empty text" in (final.dead_reason or "")
     assert ran == []
+
+
+def test_db_writes_commit_once_and_a_retry_after_them_runs_nothing_again(
+    app: App, store_url: str
+) -> None:
+    """``ctx.db_writes``: the rows and the step record commit together on attempt 1; attempt 2
+    (the handler failed after the step) skips the step, so each row exists once."""
+    notes = stores.table(store_url, "notes")
+    stores.execute(store_url, [f"CREATE TABLE {notes} (n INTEGER PRIMARY KEY, by_attempt INTEGER)"])
+    insert = stores.dialect_sql(store_url, f"INSERT INTO {notes} VALUES (?, ?)")
+    seen: list[tuple[int, int]] = []
+
+    @app.task(name="note", operation_key="note:{n}", backoff_base_s=0)
+    def note(ctx: Context, n: int) -> None:
+        ctx.db_writes("write", [(insert, (n, ctx.attempt)), (insert, (n + 1, ctx.attempt))])
+        seen.append((ctx.attempt, ctx.steps_run))
+        if ctx.attempt == 1:
+            raise Retry("fail after the step", delay_s=0)
+
+    job = note.enqueue(n=8)
+    drain(app)
+    final = app.get_job(job.id)
+    assert (final.status, final.attempts) == (JobStatus.COMPLETED, 2)
+    assert stores.query(store_url, f"SELECT n, by_attempt FROM {notes} ORDER BY n") == [
+        (8, 1),
+        (9, 1),
+    ]
+    assert seen == [(1, 1), (2, 0)]  # attempts with the step run, then skipped
+    operation = app.operation("note:8")
+    assert operation is not None
+    assert operation.steps == {"write": None}
+
+
+@pytest.mark.parametrize(
+    ("statements", "message"),
+    [
+        ("INSERT INTO t VALUES (1)", "takes a list of (sql, parameters) pairs, not str"),
+        ([], "was given no statement to run"),
+        (["INSERT INTO t VALUES (1)"], "statement 0 must be a (sql, parameters) pair"),
+        ([(b"INSERT INTO t VALUES (1)", None)], "statement 0: the SQL must be text, not bytes"),
+        ([("INSERT INTO t VALUES (?)", 5)], "parameters must be None, a sequence or a mapping"),
+        ([("INSERT INTO t VALUES (?)", "5")], "parameters must be None, a sequence or a mapping"),
+    ],
+)
+def test_db_writes_refuses_statements_of_the_wrong_shape_and_buries_the_job(
+    app: App, statements: Any, message: str
+) -> None:
+    """What a handler passes to ``ctx.db_writes`` is checked before anything is sent: the job
+    is buried with a reason naming what is wrong (every rerun would repeat it)."""
+
+    @app.task(name="bad", operation_key="bad:{n}")
+    def bad(ctx: Context, n: int) -> None:
+        ctx.db_writes("write", statements)
+
+    job = bad.enqueue(n=1)
+    drain(app)
+    final = app.get_job(job.id)
+    assert final.status == JobStatus.DEAD
+    assert message in (final.dead_reason or "")

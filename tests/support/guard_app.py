@@ -389,14 +389,12 @@ def make_app(
         record("end", ctx, order_id=order_id, lease_lost=ctx.lease_lost)
         return {"invoice_id": invoice["invoice_id"], "message_id": message_id}
 
+    write_resource_sql = sql(
+        "INSERT INTO {resource_writes} (job_no, resource, fence, worker_id) VALUES (?, ?, ?, ?)"
+    )
+
     def write_resource(conn: Any, ctx: Context, job_no: int, resource: str) -> int | None:
-        conn.execute(
-            sql(
-                "INSERT INTO {resource_writes} (job_no, resource, fence, worker_id)"
-                " VALUES (?, ?, ?, ?)"
-            ),
-            (job_no, resource, ctx.fence, ctx.worker_id),
-        )
+        conn.execute(write_resource_sql, (job_no, resource, ctx.fence, ctx.worker_id))
         return ctx.fence
 
     @app.task(
@@ -405,11 +403,18 @@ def make_app(
         resource_key="res:{resource}",
         **guarded,
     )
-    def hold(ctx: Context, job_no: int, resource: str, hold_s: float = 0.0) -> None:
-        """Write once to the resource under its lock, then hold the lock ``hold_s`` seconds."""
+    def hold(
+        ctx: Context, job_no: int, resource: str, hold_s: float = 0.0, writes: bool = False
+    ) -> None:
+        """Write once to the resource under its lock (through ``ctx.db_writes`` if ``writes``),
+        then hold the lock ``hold_s`` seconds."""
         record("start", ctx, job_no=job_no, resource=resource)
         fault(ctx, "start", job_no)
-        ctx.db_step("write", write_resource, ctx, job_no, resource)
+        if writes:
+            row = (job_no, resource, ctx.fence, ctx.worker_id)
+            ctx.db_writes("write", [(write_resource_sql, row)])
+        else:
+            ctx.db_step("write", write_resource, ctx, job_no, resource)
         fault(ctx, "written", job_no)
         time.sleep(hold_s)
         record("end", ctx, job_no=job_no, resource=resource, lease_lost=ctx.lease_lost)

@@ -455,6 +455,19 @@ class OperationPort(Protocol):
         reaches the caller as :class:`~jobguard.exceptions.StepSQLError`.
         """
 
+    def db_writes(
+        self, guard: Guard, key: str, name: str, statements: Sequence[tuple[Any, Any]]
+    ) -> bool:
+        """Run the user's write ``statements`` (SQL text and parameters) and record the step
+        (result ``null``) in one transaction; on PostgreSQL all of it in one round trip.
+
+        Only stores with :attr:`Backend.transactional_steps`. The guard is proven before the
+        statements run (a stale delivery's never do) and again with the step record, as for
+        :meth:`db_step`. Returns whether they ran: False when the step was recorded already.
+        If a statement fails, or the guard is stale, nothing commits; a statement's error
+        reaches the caller as :class:`~jobguard.exceptions.StepSQLError`.
+        """
+
     def get_operation(self, key: str) -> Operation | None:
         """Return the operation record and its steps, or ``None``."""
 

@@ -53,6 +53,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 T = TypeVar("T")
+# A named statement of queries.sql and its parameters.
+NamedCall = tuple[str, Mapping[str, Any]]
 
 _RAW = load_queries("jobguard.backends.postgres")
 # The server aborted the transaction on its own; nothing of it committed, so it is run again.
@@ -263,6 +265,21 @@ def ends_transaction(query: str) -> bool:
     return bool(words) and (words[0] in _ENDS_TRANSACTION or words == ["prepare", "transaction"])
 
 
+def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> None:
+    """Refuse, before it is sent, a step's statement that is not SQL text or that would end
+    (or split) the step's transaction."""
+    if not isinstance(query, str | bytes | sql.Composable):
+        raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
+    text = query.as_string(conn) if isinstance(query, sql.Composable) else query
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if ends_transaction(text):
+        raise StepSQLError(
+            "a db_step function may not begin, commit or roll back: its rows commit "
+            "together with the step record"
+        )
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -281,16 +298,7 @@ class StepConnection:
     def _check(self, query: Any) -> None:
         if self._ended:
             raise StepSQLError("the step's transaction ended; no statement can run in it")
-        if not isinstance(query, str | bytes | sql.Composable):
-            raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
-        text = query.as_string(self._conn) if isinstance(query, sql.Composable) else query
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        if ends_transaction(text):
-            raise StepSQLError(
-                "a db_step function may not begin, commit or roll back: its rows commit "
-                "together with the step record"
-            )
+        check_step_statement(self._conn, query)
 
     def _after(self) -> None:
         if self._conn.info.transaction_status != TransactionStatus.INTRANS:
@@ -442,20 +450,76 @@ class PostgresDriver:
 
     def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Any]:
         """One named write on a pooled autocommit connection; see the driver seam."""
+
+        def send(conn: psycopg.Connection[Any]) -> list[Row]:
+            tx = self._tx(conn)
+            return tx.all(name, {"now": tx.known_now(), **params})
+
+        return self._write_on_its_own(name, send)
+
+    def _write_on_its_own(self, what: str, send: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``send`` on a pooled autocommit connection, again if the server aborted it (a
+        deadlock: nothing of it was written); a failure raised as the driver seam says of
+        :meth:`write_statement` (refused, cut off, or the store unavailable)."""
         for attempt in range(_RETRIES):
             try:
                 with self._pool_of_this_process().connection() as conn:
-                    tx = self._tx(conn)
-                    return tx.all(name, {"now": tx.known_now(), **params})
-            except _RETRYABLE as exc:  # the server aborted it: nothing of it was written
+                    return send(conn)
+            except _RETRYABLE as exc:
                 _pause_before_retry(attempt, exc)
             except psycopg.Error as exc:
                 if exc.sqlstate is not None and not is_outage(exc):
-                    raise StatementRefused(f"PostgreSQL refused {name}: {exc}") from exc
+                    raise StatementRefused(f"PostgreSQL refused {what}: {exc}") from exc
                 if connection_broke(exc):
                     raise StatementCutOff(f"PostgreSQL write failed: {exc}") from exc
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def write_together(
+        self, first: NamedCall, statements: Sequence[tuple[Any, Any]], last: NamedCall
+    ) -> None:
+        """One transaction sent in one round trip (a psycopg pipeline): BEGIN, the named
+        statement ``first``, the caller's ``statements`` (SQL text and parameters, each checked
+        before anything is sent as a db_step's are), the named statement ``last``, COMMIT.
+
+        The server stops at the first statement that fails and skips the rest, COMMIT
+        included: then nothing of it commits. Run again if the server aborted it (a deadlock).
+        Raises :class:`StatementRefused`, caused by the server's error, when a statement failed;
+        :class:`StatementCutOff` when the connection broke (it may have committed); any other
+        failure as a :class:`StoreUnavailableError`.
+        """
+
+        def send(conn: psycopg.Connection[Any]) -> None:
+            for query, _ in statements:
+                check_step_statement(conn, query)
+            self._send_together(conn, first, statements, last)
+
+        self._write_on_its_own("a statement", send)
+
+    def _send_together(
+        self,
+        conn: psycopg.Connection[Any],
+        first: NamedCall,
+        statements: Sequence[tuple[Any, Any]],
+        last: NamedCall,
+    ) -> None:
+        """:meth:`write_together`'s pipeline; a failed one is rolled back before the
+        connection goes back to the pool."""
+        now = self._clock() if self._clock is not None else self._server_clock.carried()
+        cursor = conn.cursor()
+        try:
+            with conn.pipeline():
+                cursor.execute("BEGIN")
+                cursor.execute(self._queries[first[0]], {"now": now, **first[1]})
+                for query, params in statements:
+                    cursor.execute(query, params)
+                cursor.execute(self._queries[last[0]], {"now": now, **last[1]})
+                cursor.execute("COMMIT")
+        except psycopg.Error:
+            if not conn.closed:
+                with suppress(psycopg.Error):
+                    conn.rollback()
+            raise
 
     @contextmanager
     def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:

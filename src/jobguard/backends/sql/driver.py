@@ -77,6 +77,25 @@ class Driver(Protocol):
         not have been; any other failure as a :class:`StoreUnavailableError`.
         """
 
+    def write_together(
+        self,
+        first: tuple[str, Params],
+        statements: Sequence[tuple[Any, Any]],
+        last: tuple[str, Params],
+    ) -> None:
+        """Run, in one transaction, the named statement ``first``, the caller's ``statements``
+        (SQL text and parameters, refused before anything runs if one would end the
+        transaction) and the named statement ``last``; on PostgreSQL all of it, BEGIN and
+        COMMIT included, is sent in one round trip.
+
+        ``first`` and ``last`` prove: each returns a row whose ``proven`` is true, or fails (on
+        PostgreSQL, where nothing can be read between the statements, it fails the statement).
+        Whatever does not prove or fails stops the write, and nothing of it commits: raised as
+        :class:`StatementRefused`, caused by the database's error. :class:`StatementCutOff`
+        when the connection broke (it may have committed); any other failure as a
+        :class:`~jobguard.exceptions.StoreUnavailableError`.
+        """
+
     def read(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` on a read-only view of committed data."""
 

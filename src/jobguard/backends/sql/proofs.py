@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobguard.backends.base import BeginRequest, Begun
 from jobguard.backends.sql import rows
-from jobguard.backends.sql.driver import Driver, Row, Tx, UserCodeError
+from jobguard.backends.sql.driver import Driver, Row, StatementRefused, Tx, UserCodeError
 from jobguard.core import checks, messages
-from jobguard.exceptions import StoreUnavailableError
+from jobguard.exceptions import StepSQLError, StoreUnavailableError
 from jobguard.models import BusyReason, Guard, LockGrant, Operation, OperationStatus
 
 if TYPE_CHECKING:
@@ -525,6 +525,39 @@ class Proofs:
             return True, value
 
         return self.driver.write(op)
+
+    def db_writes(
+        self, guard: Guard, key: str, name: str, statements: Sequence[tuple[Any, Any]]
+    ) -> bool:
+        """Run the statements and record the step (result ``null``), in one transaction sent
+        at once: the guard's proofs first, so that a stale delivery's statements never run,
+        and again with the step record (see :meth:`Driver.write_together`). Whether they ran:
+        False when the step was recorded already."""
+        params = {
+            "key": key,
+            "name": name,
+            "result": "null",
+            "fence": fence_of(guard),
+            "job_id": guard.job_id,
+            "lease_token": guard.lease_token,
+            "resource": guard.lock.resource if guard.lock else None,
+            **slot_proof(guard),
+        }
+        try:
+            self.driver.write_together(
+                ("prove_guard_or_fail", params), statements, ("insert_step_or_fail", params)
+            )
+        except StatementRefused as refused:
+            # Which part failed, read afterwards: a stale guard stays stale (a lost lease, a
+            # newer fence and a taken claim never come back), a recorded step stays recorded.
+            state = self.driver.read(lambda tx: verify(tx, guard, key, step=name))
+            if state["step_result"] is not None:
+                return False
+            cause = refused.__cause__
+            if isinstance(cause, StepSQLError):  # said already where the statement failed
+                raise cause from cause.__cause__
+            raise StepSQLError(f"SQL of the step failed: {cause}") from refused
+        return True
 
     def _db_step_on(
         self,

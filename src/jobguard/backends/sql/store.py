@@ -183,6 +183,12 @@ class SQLStore:
         """Run ``fn(conn, *args)`` and record the step, both in one transaction."""
         return self._proofs.db_step(guard, key, name, fn, args, on)
 
+    def db_writes(
+        self, guard: Guard, key: str, name: str, statements: Sequence[tuple[Any, Any]]
+    ) -> bool:
+        """Run the statements and record the step, in one transaction sent at once."""
+        return self._proofs.db_writes(guard, key, name, statements)
+
     def get_operation(self, key: str) -> Operation | None:
         """The operation record with its steps, or ``None``."""
         return self._proofs.get_operation(key)

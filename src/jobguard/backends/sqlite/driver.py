@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
 from jobguard.backends.sql.callers import LoopBridge, unwrap
-from jobguard.backends.sql.driver import NamedStatements, Row, Tx
+from jobguard.backends.sql.driver import NamedStatements, Row, StatementRefused, Tx
 from jobguard.backends.sqlite.clock import host_clock
 from jobguard.backends.sqlite.connection import (
     ProcessLocal,
@@ -114,6 +114,12 @@ def step_error(exc: sqlite3.Error) -> StepSQLError | StoreUnavailableError:
     return StepSQLError(f"SQL of the step failed: {exc}")
 
 
+def _proven(row: Row | None, name: str) -> None:
+    """Stop a :meth:`SQLiteDriver.write_together` whose proving statement did not prove."""
+    if row is None or not row["proven"]:
+        raise StatementRefused(f"{name} did not hold")
+
+
 class StepConnection:
     """What ``ctx.db_step`` hands to user code: ``execute`` inside the step's transaction.
 
@@ -189,6 +195,30 @@ class SQLiteDriver:
     def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Row]:
         """One named write in its own (grouped) transaction, on the store clock."""
         return self.write(lambda tx: tx.all(name, {"now": tx.now(), **params}))
+
+    def write_together(
+        self,
+        first: tuple[str, Mapping[str, Any]],
+        statements: Sequence[tuple[Any, Any]],
+        last: tuple[str, Mapping[str, Any]],
+    ) -> None:
+        """The named statement ``first``, the caller's ``statements`` and the named statement
+        ``last`` in one (grouped) transaction: a process of this host has no round trips to
+        save, so they run one after the other. ``first`` and ``last`` prove by returning a row
+        whose ``proven`` is true; one that does not, or a statement that fails, stops the
+        write (:class:`StatementRefused`, caused by the failure) and nothing of it commits."""
+
+        def op(tx: SQLiteTx) -> None:
+            _proven(tx.one(first[0], {"now": tx.now(), **first[1]}), first[0])
+            with self.step_connection(tx) as conn:
+                for query, params in statements:
+                    try:
+                        conn.execute(query, () if params is None else params)
+                    except StepSQLError as exc:
+                        raise StatementRefused(f"SQLite refused a statement: {exc}") from exc
+            _proven(tx.one(last[0], {"now": tx.now(), **last[1]}), last[0])
+
+        self.write(op)
 
     def read(self, fn: Callable[[SQLiteTx], T]) -> T:
         """Run ``fn`` on this thread's read connection."""

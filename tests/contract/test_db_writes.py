@@ -1,0 +1,126 @@
+"""Conformance tests of ``db_writes``: write statements and their step record, sent at once (G5.2).
+
+Runs against every backend in ``conftest.BACKENDS``. On PostgreSQL the whole transaction travels
+in one round trip, so nothing is read between the statements: what each test checks is what
+committed afterwards, and, where it matters, that a statement never ran at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from jobguard.backends.base import Backend
+from jobguard.exceptions import StepSQLError
+from jobguard.testing import ControlledClock
+from tests.contract.conftest import business_table
+from tests.contract.test_operation_port import KEY, STALE_GUARDS, deliver, stored
+from tests.support.ports import begin_operation, fetch, guard_of
+
+_reads = itertools.count()
+
+
+def placeholder(backend: Backend) -> str:
+    """The store's parameter placeholder (the statements are the store's own SQL)."""
+    return "%s" if backend.driver.dialect == "postgres" else "?"  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def invoices(backend: Backend) -> str:
+    """A business table beside this test's store: one invoice per order."""
+    table = business_table(backend, "invoices")
+    guard = deliver(backend, operation_key="schema")
+    begin_operation(backend, guard, "schema", None)
+    create = f"CREATE TABLE {table} (order_id INTEGER PRIMARY KEY, fence INTEGER)"
+    backend.db_step(guard, "schema", "create", lambda conn: conn.execute(create) and None, ())
+    return table
+
+
+def rows(backend: Backend, table: str) -> list[tuple[Any, ...]]:
+    """Every row of ``table``, read in a step of an operation of its own."""
+    key = f"read-{next(_reads)}"
+    guard = deliver(backend, operation_key=key)
+    begin_operation(backend, guard, key, None)
+
+    def read(conn: Any) -> list[list[Any]]:
+        return [list(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1")]
+
+    return [tuple(row) for row in backend.db_step(guard, key, "read", read, ())[1]]
+
+
+def insert(backend: Backend, table: str, order_id: int, fence: int | None = None) -> Any:
+    """One write statement: an invoice for ``order_id``."""
+    mark = placeholder(backend)
+    return (f"INSERT INTO {table} (order_id, fence) VALUES ({mark}, {mark})", (order_id, fence))
+
+
+def test_writes_commit_with_their_step_record_once(
+    backend: Backend, clock: ControlledClock, invoices: str
+) -> None:
+    """G5.1, G5.2: every statement and the step record commit together; a retry of the
+    operation runs nothing again, and says so."""
+    guard = deliver(backend, visibility_timeout_s=5.0)
+    begin_operation(backend, guard, KEY, None)
+    writes = [insert(backend, invoices, 42), insert(backend, invoices, 43)]
+    assert backend.db_writes(guard, KEY, "invoices", writes) is True
+    assert rows(backend, invoices) == [(42, None), (43, None)]
+    assert stored(backend).steps["invoices"] is None
+
+    clock.advance(5.0)
+    (redelivered,) = fetch(backend, ["default"], 1, "w2")
+    retry = guard_of(redelivered)
+    begin_operation(backend, retry, KEY, None)
+    assert backend.db_writes(retry, KEY, "invoices", writes) is False
+    assert rows(backend, invoices) == [(42, None), (43, None)]
+
+
+@pytest.mark.parametrize("staleness", sorted(STALE_GUARDS))
+def test_writes_of_a_stale_guard_are_refused_and_nothing_commits(
+    backend: Backend, clock: ControlledClock, invoices: str, staleness: str
+) -> None:
+    """Invariants 2, 5, 10: a stale lease, fence or claim writes neither rows nor the step."""
+    make_stale, error = STALE_GUARDS[staleness]
+    guard = make_stale(backend, clock)
+    with pytest.raises(error):
+        backend.db_writes(guard, KEY, "invoice", [insert(backend, invoices, 42)])
+    assert rows(backend, invoices) == []
+    assert "invoice" not in stored(backend).steps
+
+
+def test_a_failing_statement_rolls_back_the_ones_before_it_and_the_step(
+    backend: Backend, invoices: str
+) -> None:
+    """Invariant 10: the second invoice for one order breaks the primary key; the first
+    statement's row does not commit either, the step is not recorded, and the error says
+    what the database refused. The step can then run and commit once."""
+    guard = deliver(backend)
+    begin_operation(backend, guard, KEY, None)
+    twice = [
+        insert(backend, invoices, 7),
+        insert(backend, invoices, 42),
+        insert(backend, invoices, 42),
+    ]
+    with pytest.raises(StepSQLError, match=r"(?i)unique|primary|duplicate"):
+        backend.db_writes(guard, KEY, "invoice", twice)
+    assert rows(backend, invoices) == []
+    assert "invoice" not in stored(backend).steps
+    assert backend.db_writes(guard, KEY, "invoice", twice[:2]) is True
+    assert rows(backend, invoices) == [(7, None), (42, None)]
+
+
+@pytest.mark.parametrize("statement", ["COMMIT", "/* c */ rollback", "BEGIN", "SAVEPOINT mine"])
+def test_a_statement_that_would_end_the_transaction_is_refused_before_any_runs(
+    backend: Backend, invoices: str, statement: str
+) -> None:
+    """Invariant 10: the statements' rows commit only with the step record, so one that would
+    end (or split) the transaction is refused before anything is sent."""
+    guard = deliver(backend)
+    begin_operation(backend, guard, KEY, None)
+    writes = [insert(backend, invoices, 42), (statement, None)]
+    # PostgreSQL refuses it by its text before sending; SQLite's step connection when it runs.
+    with pytest.raises(StepSQLError, match=r"may not begin, commit or roll back|not authorized"):
+        backend.db_writes(guard, KEY, "invoice", writes)
+    assert rows(backend, invoices) == []
+    assert "invoice" not in stored(backend).steps
