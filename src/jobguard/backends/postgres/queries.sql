@@ -137,6 +137,23 @@ WITH clock AS (
                      attempt_error_message text, attempt_traceback text,
                      attempt_lock_owner text, attempt_fence bigint, attempt_steps_run integer,
                      attempt_steps_skipped integer)),
+     -- Each item's proofs, read once: a filter on item inside moved's join is run again for
+     -- every job row the join pairs the item with (batch x batch primary-key reads). Each
+     -- proof reads one row by its primary key (an EXISTS may be planned as a hash of the
+     -- whole table).
+     proven AS MATERIALIZED (
+         SELECT item.*,
+                (item.resource IS NULL
+                 OR NOT coalesce((SELECT l.fence > item.fence FROM {schema}.locks AS l
+                                  WHERE l.resource = item.resource), false))
+                AND (item.slot_key IS NULL
+                     OR NOT coalesce((SELECT s.fence > item.slot_fence FROM {schema}.slots AS s
+                                      WHERE s.key = item.slot_key AND s.slot = item.slot), false))
+                AND (item.key IS NULL
+                     OR coalesce((SELECT o.owner_lease = item.lease_token
+                                  FROM {schema}.operations AS o WHERE o.key = item.key), false))
+                    AS holds
+         FROM item),
      moved AS (
          UPDATE {schema}.jobs AS j
          SET status = item.status,
@@ -156,20 +173,9 @@ WITH clock AS (
                                      ELSE j.same_error_count END,
              dead_code = CASE WHEN item.status = 'dead' THEN item.code ELSE j.dead_code END,
              dead_reason = CASE WHEN item.status = 'dead' THEN item.reason ELSE j.dead_reason END
-         FROM item
-         -- Each proof reads one row by its primary key (an EXISTS here may be planned as a
-         -- hash of the whole table).
+         FROM proven AS item
          WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
-           AND j.id = ANY (ARRAY(SELECT job_id FROM item))
-           AND (item.resource IS NULL
-                OR NOT coalesce((SELECT l.fence > item.fence FROM {schema}.locks AS l
-                                 WHERE l.resource = item.resource), false))
-           AND (item.slot_key IS NULL
-                OR NOT coalesce((SELECT s.fence > item.slot_fence FROM {schema}.slots AS s
-                                 WHERE s.key = item.slot_key AND s.slot = item.slot), false))
-           AND (item.key IS NULL
-                OR coalesce((SELECT o.owner_lease = item.lease_token FROM {schema}.operations AS o
-                             WHERE o.key = item.key), false))
+           AND j.id = ANY (ARRAY(SELECT job_id FROM item)) AND item.holds
          RETURNING j.id),
      done AS (SELECT item.* FROM item JOIN moved ON moved.id = item.job_id),
      freed_locks AS (
