@@ -197,6 +197,32 @@ def test_crash_after_step_commit_resumes_at_the_next_step(
     assert set(operation.steps) == set(FULFILL_STEPS)
 
 
+@pytest.mark.parametrize(("point", "committed"), [("start", False), ("written", True)])
+def test_a_worker_killed_around_its_db_writes_leaves_their_rows_once(
+    shop: Shop, point: str, committed: bool
+) -> None:
+    """A worker SIGKILLed before its ``ctx.db_writes`` (``start``) or right after they
+    committed (``written``): the retry writes them (under its own fence), or finds them
+    recorded and skips them; either way the row exists once.
+
+    G5.1 and G5.2 for the writes sent in one round trip.
+    """
+    job = shop.app.tasks[HOLD].enqueue(job_no=1, resource="shelf", writes=True)
+    crasher = shop.spawn(Faults(crash_points=(point,), attempts=(1,)))
+    assert crasher.wait(timeout_s=20) == -signal.SIGKILL
+    shop.spawn()
+    shop.wait_status(job.id, JobStatus.COMPLETED)
+
+    first, second = shop.app.attempts(job_id=job.id)
+    assert first.outcome == Outcome.LOST
+    assert second.outcome == Outcome.COMPLETED
+    assert (second.steps_skipped, second.steps_run) == ((1, 0) if committed else (0, 1))
+    writes = query(shop.url, "SELECT job_no, fence FROM {resource_writes} ORDER BY id")
+    assert writes == [(1, first.fence if committed else second.fence)]
+    assert first.fence is not None and second.fence is not None
+    assert second.fence > first.fence
+
+
 # -- fencing ------------------------------------------------------------------------
 
 
