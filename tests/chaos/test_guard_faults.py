@@ -219,7 +219,8 @@ def test_a_worker_killed_around_its_db_writes_leaves_their_rows_once(
     assert (second.steps_skipped, second.steps_run) == ((1, 0) if committed else (0, 1))
     writes = query(shop.url, "SELECT job_no, fence FROM {resource_writes} ORDER BY id")
     assert writes == [(1, first.fence if committed else second.fence)]
-    assert first.fence is not None and second.fence is not None
+    assert first.fence is not None
+    assert second.fence is not None
     assert second.fence > first.fence
 
 
