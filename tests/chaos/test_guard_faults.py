@@ -120,6 +120,17 @@ class Shop:
         """
         proc.pause_between_writes(self.url)
 
+    def crash_then_finish(self, job_id: int, point: str) -> tuple[Attempt, Attempt]:
+        """A worker SIGKILLs itself at ``point`` of the job's first attempt, then a healthy one
+        completes it: the two attempts (the lost one first)."""
+        crasher = self.spawn(Faults(crash_points=(point,), attempts=(1,)))
+        assert crasher.wait(timeout_s=20) == -signal.SIGKILL
+        self.spawn()
+        self.wait_status(job_id, JobStatus.COMPLETED)
+        first, second = self.app.attempts(job_id=job_id)
+        assert first.outcome == Outcome.LOST
+        return first, second
+
     def resume(self, proc: WorkerProcess) -> None:
         """Let a paused handler go on, then wake its process."""
         (events_dir(self.url) / "resume").touch()
@@ -174,13 +185,7 @@ def test_crash_after_step_commit_resumes_at_the_next_step(
     step and before the finish.
     """
     job = shop.fulfill.enqueue(order_id=1, sku=SKUS[0])
-    crasher = shop.spawn(Faults(crash_points=(point,), attempts=(1,)))
-    assert crasher.wait(timeout_s=20) == -signal.SIGKILL
-    shop.spawn()
-    shop.wait_status(job.id, JobStatus.COMPLETED)
-
-    first, second = shop.app.attempts(job_id=job.id)
-    assert first.outcome == Outcome.LOST
+    first, second = shop.crash_then_finish(job.id, point)
     assert (second.outcome, second.steps_skipped, second.steps_run) == (
         Outcome.COMPLETED,
         committed,
@@ -208,13 +213,7 @@ def test_a_worker_killed_around_its_db_writes_leaves_their_rows_once(
     G5.1 and G5.2 for the writes sent in one round trip.
     """
     job = shop.app.tasks[HOLD].enqueue(job_no=1, resource="shelf", writes=True)
-    crasher = shop.spawn(Faults(crash_points=(point,), attempts=(1,)))
-    assert crasher.wait(timeout_s=20) == -signal.SIGKILL
-    shop.spawn()
-    shop.wait_status(job.id, JobStatus.COMPLETED)
-
-    first, second = shop.app.attempts(job_id=job.id)
-    assert first.outcome == Outcome.LOST
+    first, second = shop.crash_then_finish(job.id, point)
     assert second.outcome == Outcome.COMPLETED
     assert (second.steps_skipped, second.steps_run) == ((1, 0) if committed else (0, 1))
     writes = query(shop.url, "SELECT job_no, fence FROM {resource_writes} ORDER BY id")
