@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from jobguard.backends.base import Backend, Renewal, RenewalResult
 from jobguard.context import InFlight, stall_of_wait_s, time_limit_exceeded
@@ -81,14 +81,34 @@ class Heartbeat(threading.Thread):
         self._stop_grace_s = stop_grace_s
         self._stopped = threading.Event()
         self._wake = threading.Event()
+        # While it sleeps: until when, and the interval it chose (None while awake: its next
+        # look at the deliveries in flight is still to come).
+        self._asleep: tuple[float, float] | None = None
+        self._asleep_lock = threading.Lock()
 
     def stop(self) -> None:
         """Stop renewing (leases then expire on their own or are released)."""
         self._stopped.set()
         self._wake.set()
 
-    def poke(self) -> None:
-        """Re-evaluate the interval now (new, shorter leases arrived)."""
+    def poke(self, arrived: Sequence[InFlight] = ()) -> None:
+        """Re-evaluate the interval now: new deliveries arrived (``arrived``, when known).
+
+        When the heartbeat already sleeps no later than the first renewal of every one of
+        ``arrived`` needs, it is left asleep (a busy worker fetches many times a second, and a
+        wake-up each time costs a thread switch a batch); they are watched by that sleep.
+        """
+        with self._asleep_lock:
+            asleep = self._asleep
+            if arrived and asleep is not None:
+                until, interval_s = asleep
+                due = min(item.renewed_at for item in arrived) + min(
+                    interval_s, renewal_interval_s(list(arrived))
+                )
+                if until <= due:
+                    for item in arrived:
+                        item.beat_wake_at, item.beat_interval_s = until, interval_s
+                    return
         self._wake.set()
 
     def run(self) -> None:
@@ -104,9 +124,13 @@ class Heartbeat(threading.Thread):
                 wake_at = min(due, self._next_watch(snapshot, interval_s))
                 timeout_s = max(0.0, wake_at - time.monotonic())
                 slept_from = time.monotonic()
+                with self._asleep_lock:
+                    self._asleep = (slept_from + timeout_s, interval_s)
                 for item in snapshot:
                     item.beat_wake_at, item.beat_interval_s = slept_from + timeout_s, interval_s
                 poked = self._wake.wait(timeout_s)
+                with self._asleep_lock:
+                    self._asleep = None
                 self._wake.clear()
                 if not poked:
                     woke_at = time.monotonic()

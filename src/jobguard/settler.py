@@ -64,7 +64,7 @@ class Settler:
         self._counted = counted
         self._done = done
         self._running = running
-        self._queue: queue_module.Queue[Settling | object] = queue_module.Queue()
+        self._queue: queue_module.SimpleQueue[Settling | object] = queue_module.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="jobguard-settler", daemon=True)
 
     def start(self) -> None:
@@ -149,7 +149,7 @@ class Settler:
 
 
 def gather(
-    source: queue_module.Queue[Settling | object],
+    source: queue_module.SimpleQueue[Settling | object],
     first: object,
     running: Callable[[], int],
     linger_s: float,

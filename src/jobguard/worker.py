@@ -182,7 +182,8 @@ class Worker:
         self._inflight: dict[str, InFlight] = {}
         self._inflight_lock = threading.Lock()
         self._slot_freed = threading.Condition(self._inflight_lock)
-        self._buffer: queue_module.Queue[InFlight | object] = queue_module.Queue()
+        # A SimpleQueue: its put and get are C calls, a cost paid once per delivery.
+        self._buffer: queue_module.SimpleQueue[InFlight | object] = queue_module.SimpleQueue()
         # Deliveries whose handler is done and whose ending waits in the settler's batch: they
         # hold no handler thread.
         self._finishing = 0
@@ -368,7 +369,7 @@ class Worker:
             for item in items:
                 self._inflight[item.delivery.lease_token] = item
         self.stats.fetched += len(items)
-        self._heartbeat.poke()
+        self._heartbeat.poke(items)
         for item in items:
             self._buffer.put(item)
 

@@ -13,7 +13,7 @@ LONG_S = 30.0  # a linger no passing test waits out
 
 
 def put_later(
-    source: queue.Queue[object], item: object, after: threading.Event
+    source: queue.SimpleQueue[object], item: object, after: threading.Event
 ) -> threading.Thread:
     """Put ``item`` a while after ``after`` is set: long after a gather that does not wait would
     have returned."""
@@ -29,7 +29,7 @@ def put_later(
 
 
 def test_an_ending_that_comes_while_handlers_run_joins_the_batch() -> None:
-    source: queue.Queue[object] = queue.Queue()
+    source: queue.SimpleQueue[object] = queue.SimpleQueue()
     asked = threading.Event()
 
     def running() -> int:
@@ -43,14 +43,14 @@ def test_an_ending_that_comes_while_handlers_run_joins_the_batch() -> None:
 
 
 def test_with_no_handler_running_it_takes_only_what_is_there() -> None:
-    source: queue.Queue[object] = queue.Queue()
+    source: queue.SimpleQueue[object] = queue.SimpleQueue()
     source.put("second")
     batch, stopping = gather(source, "first", lambda: 0, LONG_S)
     assert (batch, stopping) == (["first", "second"], False)  # returned without the linger
 
 
 def test_a_full_batch_does_not_wait() -> None:
-    source: queue.Queue[object] = queue.Queue()
+    source: queue.SimpleQueue[object] = queue.SimpleQueue()
     for item in ("second", "third"):
         source.put(item)
     batch, _ = gather(source, "first", lambda: 1, LONG_S, limit=2)
@@ -59,7 +59,7 @@ def test_a_full_batch_does_not_wait() -> None:
 
 
 def test_the_stop_mark_ends_the_batch_and_says_so() -> None:
-    source: queue.Queue[object] = queue.Queue()
+    source: queue.SimpleQueue[object] = queue.SimpleQueue()
     source.put(_STOP)
     source.put("after the stop")
     assert gather(source, "first", lambda: 1, LONG_S) == (["first"], True)
