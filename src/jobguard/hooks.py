@@ -109,6 +109,12 @@ class Hooks:
     def store_error(self, where: str, error: BaseException) -> None:
         """A store call failed (the worker keeps going and retries)."""
 
+    @property
+    def silent(self) -> bool:
+        """Whether every method does nothing (these base hooks, unchanged): callers may then
+        skip building what they would tell."""
+        return type(self) is Hooks
+
 
 class HookChain(Hooks):
     """Several hooks in order, e.g. ``App(hooks=HookChain(metrics, tracing))``.
@@ -120,7 +126,10 @@ class HookChain(Hooks):
     """
 
     def __init__(self, *hooks: Hooks) -> None:
-        self.hooks = tuple(hooks)
+        # Hooks that do nothing are left out: with none left, each delivery and step skips
+        # the containing loop (the default app's case: a cost per job on the hot path).
+        # (Judged by type: a broken hook is not asked anything here.)
+        self.hooks = tuple(hook for hook in hooks if not _does_nothing(hook))
         self.failures = 0
         self._told: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
@@ -199,16 +208,29 @@ class HookChain(Hooks):
         """Call every hook."""
         self._each("job_enqueued", job)
 
-    @contextlib.contextmanager
-    def delivering(self, delivery: Delivery) -> Iterator[None]:
+    @property
+    def silent(self) -> bool:
+        """Whether no hook is left to tell."""
+        return not self.hooks
+
+    def delivering(self, delivery: Delivery) -> contextlib.AbstractContextManager[None]:
         """Enter every hook in order."""
-        with self._around("delivering", delivery):
-            yield
+        return self._entered("delivering", delivery)
+
+    def running_step(
+        self, delivery: Delivery, name: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """Enter every hook in order."""
+        return self._entered("running_step", delivery, name)
+
+    def _entered(self, method: str, *args: Any) -> contextlib.AbstractContextManager[None]:
+        if not self.hooks:
+            return contextlib.nullcontext()
+        return self._around_none(method, *args)
 
     @contextlib.contextmanager
-    def running_step(self, delivery: Delivery, name: str) -> Iterator[None]:
-        """Enter every hook in order."""
-        with self._around("running_step", delivery, name):
+    def _around_none(self, method: str, *args: Any) -> Iterator[None]:
+        with self._around(method, *args):
             yield
 
     def step_skipped(self, delivery: Delivery, name: str) -> None:
@@ -238,6 +260,11 @@ class HookChain(Hooks):
     def store_error(self, where: str, error: BaseException) -> None:
         """Call every hook."""
         self._each("store_error", where, error)
+
+
+def _does_nothing(hook: Hooks) -> bool:
+    """The base hooks unchanged, or a chain of none."""
+    return type(hook) is Hooks or (isinstance(hook, HookChain) and not hook.hooks)
 
 
 def contained(hooks: Hooks) -> HookChain:

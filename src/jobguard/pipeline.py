@@ -141,6 +141,8 @@ class Pipeline:
 
     def report(self, inflight: InFlight, ending: Ending) -> None:
         """Tell the hooks how a delivery ended, with what the attempt log holds of it."""
+        if self.hooks.silent:
+            return
         lock = ending.guard.lock
         error = ending.error
         closing = ending.closing

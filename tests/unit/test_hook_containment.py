@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import pytest
 
-from jobguard import App, Context, HookChain, JobStatus
+from jobguard import App, Context, HookChain, Hooks, JobStatus
+from jobguard.models import Delivery
 from jobguard.testing import drain
 from tests.support.exiting_app import BrokenHooks, BrokenOnExit
 
@@ -50,3 +52,39 @@ def test_what_the_body_of_a_contained_hook_raises_goes_on_unchanged() -> None:
     with pytest.raises(KeyError, match="mine"), chain.running_step(None, "x"):  # type: ignore[arg-type]
         raise KeyError("mine")
     assert chain.failures == 1
+
+
+class _StepsSeen(Hooks):
+    """Overrides one method only: still a hook to tell."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def running_step(self, delivery: Delivery, name: str) -> AbstractContextManager[None]:
+        self.seen.append(name)
+        return nullcontext()
+
+
+def test_hooks_that_do_nothing_are_left_out_and_a_chain_of_none_is_silent(
+    tmp_path: Path,
+) -> None:
+    """The default app's hooks do nothing: its chain is silent (each delivery skips building
+    what it would tell); a hook overriding one method is kept, and told, among them."""
+    assert HookChain(Hooks(), HookChain(Hooks())).silent
+    assert App(f"sqlite:///{tmp_path / 'quiet.db'}").hooks.silent
+    seen = _StepsSeen()
+    chain = HookChain(Hooks(), seen)
+    assert not chain.silent
+    assert chain.hooks == (seen,)
+    app = App(f"sqlite:///{tmp_path / 'jobs.db'}", hooks=chain)
+    try:
+
+        @app.task(operation_key="t:{n}")
+        def task(ctx: Context, n: int) -> int:
+            return int(ctx.step("one", lambda: n))
+
+        task.enqueue(n=1)
+        assert drain(app, timeout_s=30)[JobStatus.COMPLETED] == 1
+        assert seen.seen == ["one"]
+    finally:
+        app.close()

@@ -133,7 +133,7 @@ def _set_item(ending: Ending) -> dict[str, Any]:
         }
     else:
         operation = _operation_item(ending)
-    return {
+    item = {
         **_job_item(ending),
         "held_resource": guard.lock.resource if guard.lock else None,
         "held_owner": guard.lock.owner if guard.lock else None,
@@ -144,6 +144,9 @@ def _set_item(ending: Ending) -> dict[str, Any]:
         "close": ending.outcome not in REFUSED_OUTCOMES,
         **{f"attempt_{name}": value for name, value in _attempt_item(ending).items()},
     }
+    # A key left out reads as NULL on both stores (jsonb_to_recordset, json_extract): most of
+    # an item is empty, and the batch is encoded and parsed again for every settle.
+    return {name: value for name, value in item.items() if value is not None}
 
 
 def _mark_item(ending: Ending) -> dict[str, Any]:
