@@ -401,8 +401,8 @@ class Context:
         ``statements`` is a list of ``(sql, parameters)`` pairs (parameters ``None``, a sequence
         or a mapping, in the store's placeholder style, as ``db_step`` code writes them). It is
         :meth:`db_step` for writes whose SQL is known before they run: no function is called and
-        no rows come back, so on PostgreSQL the whole transaction (BEGIN, the guard's proofs,
-        the statements, the step record, COMMIT) travels in one round trip instead of one per
+        no rows come back, so on PostgreSQL the whole transaction (the guard's proofs, the
+        statements, the step record, the commit) travels in one round trip instead of one per
         statement. The guarantees are the same (G5.2): the statements commit if and only if the
         step record does, a stale delivery's statements never run, and on a retry a recorded
         step runs nothing. A failing statement raises

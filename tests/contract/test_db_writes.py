@@ -8,6 +8,8 @@ committed afterwards, and, where it matters, that a statement never ran at all.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from jobguard.backends.base import Backend
 from jobguard.exceptions import StepSQLError
 from jobguard.testing import ControlledClock
-from tests.contract.conftest import business_table
+from tests.contract.conftest import BACKENDS, business_table
 from tests.contract.test_operation_port import KEY, STALE_GUARDS, deliver, stored
 from tests.support.ports import begin_operation, fetch, guard_of
 
@@ -124,3 +126,59 @@ def test_a_statement_that_would_end_the_transaction_is_refused_before_any_runs(
         backend.db_writes(guard, KEY, "invoice", writes)
     assert rows(backend, invoices) == []
     assert "invoice" not in stored(backend).steps
+
+
+@pytest.fixture
+def postgres(tmp_path: Path, clock: ControlledClock) -> Iterator[Backend]:
+    """The PostgreSQL store alone: what its pipeline's implicit transaction changes."""
+    store = BACKENDS["postgres"](tmp_path, clock)
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "commits",
+    [
+        "CALL {schema}.commit_an_invoice()",
+        "DO $$ BEGIN INSERT INTO {table} VALUES (99, NULL); COMMIT; END $$",
+    ],
+)
+def test_a_procedure_that_commits_fails_the_step_and_nothing_of_it_commits(
+    postgres: Backend, commits: str
+) -> None:
+    """Invariant 10 on PostgreSQL: plain DML runs in the pipeline's implicit transaction, where
+    a procedure or a DO block that commits would commit what ran before it; so a step with any
+    other statement runs in a BEGIN ... COMMIT block, where that commit is refused and the step
+    fails whole."""
+    table = business_table(postgres, "invoices")
+    schema = table.split(".")[0]
+    create = [
+        f"CREATE TABLE {table} (order_id INTEGER PRIMARY KEY, fence INTEGER)",
+        f"CREATE PROCEDURE {schema}.commit_an_invoice() LANGUAGE plpgsql AS "
+        f"$$ BEGIN INSERT INTO {table} VALUES (98, NULL); COMMIT; END $$",
+    ]
+    guard = deliver(postgres, operation_key="schema")
+    begin_operation(postgres, guard, "schema", None)
+    postgres.db_writes(guard, "schema", "create", [(statement, None) for statement in create])
+    guard = deliver(postgres)
+    begin_operation(postgres, guard, KEY, None)
+    writes = [insert(postgres, table, 7), (commits.format(schema=schema, table=table), None)]
+    with pytest.raises(StepSQLError, match="invalid transaction termination"):
+        postgres.db_writes(guard, KEY, "invoice", writes)
+    assert rows(postgres, table) == []
+    assert "invoice" not in stored(postgres).steps
+
+
+def test_a_lock_statement_takes_its_lock_in_the_steps_transaction(postgres: Backend) -> None:
+    """``LOCK`` needs a transaction block: a step with one runs in BEGIN ... COMMIT and
+    commits whole."""
+    table = business_table(postgres, "invoices")
+    guard = deliver(postgres, operation_key="schema")
+    begin_operation(postgres, guard, "schema", None)
+    create = f"CREATE TABLE {table} (order_id INTEGER PRIMARY KEY, fence INTEGER)"
+    postgres.db_writes(guard, "schema", "create", [(create, None)])
+    guard = deliver(postgres)
+    begin_operation(postgres, guard, KEY, None)
+    writes = [(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE", None), insert(postgres, table, 7)]
+    assert postgres.db_writes(guard, KEY, "invoice", writes) is True
+    assert rows(postgres, table) == [(7, None)]

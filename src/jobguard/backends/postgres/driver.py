@@ -80,6 +80,12 @@ _ENDS_TRANSACTION = frozenset(
     {"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
 )
 _WORD = re.compile(r"[A-Za-z_]+")
+# Statements that run alike in a pipeline's implicit transaction (everything sent before its
+# Sync, committed by it) and in a BEGIN ... COMMIT block. Others may not: a CALL or a DO block
+# that commits would commit what came before it there, and LOCK needs a block.
+_ALIKE_WITHOUT_BLOCK = frozenset(
+    {"insert", "update", "delete", "merge", "select", "with", "values"}
+)
 
 
 def _pause_before_retry(attempt: int, exc: psycopg.Error) -> None:
@@ -265,9 +271,16 @@ def ends_transaction(query: str) -> bool:
     return bool(words) and (words[0] in _ENDS_TRANSACTION or words == ["prepare", "transaction"])
 
 
-def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> None:
+def runs_alike_without_block(query: str) -> bool:
+    """Whether a statement runs the same in a pipeline's implicit transaction as in a
+    BEGIN ... COMMIT block (see :data:`_ALIKE_WITHOUT_BLOCK`)."""
+    words = leading_words(query, 1)
+    return bool(words) and words[0] in _ALIKE_WITHOUT_BLOCK
+
+
+def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> str:
     """Refuse, before it is sent, a step's statement that is not SQL text or that would end
-    (or split) the step's transaction."""
+    (or split) the step's transaction; its text, checked."""
     if not isinstance(query, str | bytes | sql.Composable):
         raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
     text = query.as_string(conn) if isinstance(query, sql.Composable) else query
@@ -278,6 +291,7 @@ def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> None:
             "a db_step function may not begin, commit or roll back: its rows commit "
             "together with the step record"
         )
+    return text
 
 
 class StepConnection:
@@ -478,11 +492,14 @@ class PostgresDriver:
     def write_together(
         self, first: NamedCall, statements: Sequence[tuple[Any, Any]], last: NamedCall
     ) -> None:
-        """One transaction sent in one round trip (a psycopg pipeline): BEGIN, the named
-        statement ``first``, the caller's ``statements`` (SQL text and parameters, each checked
-        before anything is sent as a db_step's are), the named statement ``last``, COMMIT.
+        """One transaction sent in one round trip (a psycopg pipeline): the named statement
+        ``first``, the caller's ``statements`` (SQL text and parameters, each checked before
+        anything is sent as a db_step's are), the named statement ``last``. When every one of
+        ``statements`` is plain DML (:func:`runs_alike_without_block`) they run in the
+        pipeline's implicit transaction, committed at its end; otherwise between BEGIN and
+        COMMIT.
 
-        The server stops at the first statement that fails and skips the rest, COMMIT
+        The server stops at the first statement that fails and skips the rest, the commit
         included: then nothing of it commits. Run again if the server aborted it (a deadlock).
         Raises :class:`StatementRefused`, caused by the server's error, when a statement failed;
         :class:`StatementCutOff` when the connection broke (it may have committed); any other
@@ -490,9 +507,9 @@ class PostgresDriver:
         """
 
         def send(conn: psycopg.Connection[Any]) -> None:
-            for query, _ in statements:
-                check_step_statement(conn, query)
-            self._send_together(conn, first, statements, last)
+            texts = [check_step_statement(conn, query) for query, _ in statements]
+            block = not all(runs_alike_without_block(text) for text in texts)
+            self._send_together(conn, first, statements, last, block=block)
 
         self._write_on_its_own("a statement", send)
 
@@ -502,19 +519,28 @@ class PostgresDriver:
         first: NamedCall,
         statements: Sequence[tuple[Any, Any]],
         last: NamedCall,
+        *,
+        block: bool,
     ) -> None:
         """:meth:`write_together`'s pipeline; a failed one is rolled back before the
-        connection goes back to the pool."""
+        connection goes back to the pool.
+
+        Without ``block`` the statements run in the pipeline's implicit transaction: the server
+        commits everything sent before the pipeline's one Sync, or, at the first failure, skips
+        the rest and rolls back what ran (two statements fewer to send than BEGIN and COMMIT).
+        """
         now = self._clock() if self._clock is not None else self._server_clock.carried()
         cursor = conn.cursor()
         try:
             with conn.pipeline():
-                cursor.execute("BEGIN")
+                if block:
+                    cursor.execute("BEGIN")
                 cursor.execute(self._queries[first[0]], {"now": now, **first[1]})
                 for query, params in statements:
                     cursor.execute(query, params)
                 cursor.execute(self._queries[last[0]], {"now": now, **last[1]})
-                cursor.execute("COMMIT")
+                if block:
+                    cursor.execute("COMMIT")
         except psycopg.Error:
             if not conn.closed:
                 with suppress(psycopg.Error):

@@ -85,8 +85,8 @@ class Driver(Protocol):
     ) -> None:
         """Run, in one transaction, the named statement ``first``, the caller's ``statements``
         (SQL text and parameters, refused before anything runs if one would end the
-        transaction) and the named statement ``last``; on PostgreSQL all of it, BEGIN and
-        COMMIT included, is sent in one round trip.
+        transaction) and the named statement ``last``; on PostgreSQL all of it, its commit
+        included, is sent in one round trip.
 
         ``first`` and ``last`` prove: each returns a row whose ``proven`` is true, or fails (on
         PostgreSQL, where nothing can be read between the statements, it fails the statement).
