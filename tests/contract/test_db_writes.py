@@ -122,7 +122,7 @@ def test_a_statement_that_would_end_the_transaction_is_refused_before_any_runs(
     begin_operation(backend, guard, KEY, None)
     writes = [insert(backend, invoices, 42), (statement, None)]
     # PostgreSQL refuses it by its text before sending; SQLite's step connection when it runs.
-    with pytest.raises(StepSQLError, match=r"may not begin, commit or roll back|not authorized"):
+    with pytest.raises(StepSQLError, match="may not begin, commit or roll back"):
         backend.db_writes(guard, KEY, "invoice", writes)
     assert rows(backend, invoices) == []
     assert "invoice" not in stored(backend).steps

@@ -11,6 +11,11 @@ import re
 from jobguard.exceptions import LeaseLostError, StaleFenceError
 from jobguard.models import BusyReason, DeadCode, Delivery, LockGrant
 
+STEP_CANNOT_END_ITS_TRANSACTION = (
+    "a db_step function may not begin, commit or roll back: its rows commit together with the "
+    "step record"
+)
+
 
 def never_reported_back(attempts: int, max_attempts: int) -> str:
     """Why a job whose last allowed delivery died with its worker is in the dead letter queue."""

@@ -32,6 +32,7 @@ from jobguard.backends.sql.driver import (
     Tx,
     UserCodeError,
 )
+from jobguard.core import messages
 from jobguard.exceptions import (
     ConfigurationError,
     StepSQLError,
@@ -287,10 +288,7 @@ def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> str:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if ends_transaction(text):
-        raise StepSQLError(
-            "a db_step function may not begin, commit or roll back: its rows commit "
-            "together with the step record"
-        )
+        raise StepSQLError(messages.STEP_CANNOT_END_ITS_TRANSACTION)
     return text
 
 

@@ -31,6 +31,7 @@ from jobguard.backends.sqlite.connection import (
     open_connection,
 )
 from jobguard.backends.sqlite.wake import Waker
+from jobguard.core import messages
 from jobguard.exceptions import (
     ConfigurationError,
     StepSQLError,
@@ -91,24 +92,33 @@ class SQLiteTx(NamedStatements):
         return self._clock()
 
 
-def _deny_transaction_control(action: int, *_: str | None) -> int:
-    """SQLite authorizer for user code inside a db_step: no BEGIN/COMMIT/ROLLBACK/SAVEPOINT."""
-    if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
+class _TransactionKeeper:
+    """SQLite authorizer for user code inside a db_step: no BEGIN, COMMIT, ROLLBACK, nor (unless
+    ``savepoints``: an ORM's own, inside the step's BEGIN, cannot end it) SAVEPOINT. It
+    remembers a refusal, so the error can say why instead of SQLite's "not authorized"."""
+
+    def __init__(self, savepoints: bool) -> None:
+        self.savepoints = savepoints
+        self.refused = False
+
+    def __call__(self, action: int, *_: str | None) -> int:
+        if action == sqlite3.SQLITE_TRANSACTION or (
+            action == sqlite3.SQLITE_SAVEPOINT and not self.savepoints
+        ):
+            self.refused = True
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
 
 
-def _deny_ending_the_transaction(action: int, *_: str | None) -> int:
-    """The same, but an ORM's own savepoints are allowed (the step's transaction is a BEGIN,
-    so no savepoint of theirs can end it)."""
-    if action == sqlite3.SQLITE_TRANSACTION:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
-def step_error(exc: sqlite3.Error) -> StepSQLError | StoreUnavailableError:
+def step_error(
+    exc: sqlite3.Error, keeper: _TransactionKeeper | None = None
+) -> StepSQLError | StoreUnavailableError:
     """The jobguard error for a failed statement of a db_step: an outage of the store (its file
-    or host failing), or the step's SQL failing (a constraint, a syntax error)."""
+    or host failing), the step's SQL failing (a constraint, a syntax error), or a statement
+    that would have ended the step's transaction (refused by ``keeper``)."""
+    if keeper is not None and keeper.refused:
+        keeper.refused = False
+        return StepSQLError(messages.STEP_CANNOT_END_ITS_TRANSACTION)
     if is_outage(exc):
         return StoreUnavailableError(f"the step's SQLite database failed: {exc}")
     return StepSQLError(f"SQL of the step failed: {exc}")
@@ -128,22 +138,23 @@ class StepConnection:
     statements are raised as :class:`~jobguard.exceptions.StepSQLError`.
     """
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, keeper: _TransactionKeeper | None = None) -> None:
         self._conn = conn
+        self._keeper = keeper
 
     def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
         """Run one statement in the step's transaction."""
         try:
             return self._conn.execute(sql, parameters)
         except sqlite3.Error as exc:
-            raise step_error(exc) from exc
+            raise step_error(exc, self._keeper) from exc
 
     def executemany(self, sql: str, seq_of_parameters: Any) -> sqlite3.Cursor:
         """Run one statement for each parameter set, in the step's transaction."""
         try:
             return self._conn.executemany(sql, seq_of_parameters)
         except sqlite3.Error as exc:
-            raise step_error(exc) from exc
+            raise step_error(exc, self._keeper) from exc
 
 
 class SQLiteDriver:
@@ -316,11 +327,10 @@ class SQLiteDriver:
         conn: sqlite3.Connection = tx.connection
         # fn must not end the step's transaction (COMMIT, ROLLBACK, RELEASE): its rows would
         # then commit without the step record.
-        conn.set_authorizer(
-            _deny_ending_the_transaction if savepoints else _deny_transaction_control
-        )
+        keeper = _TransactionKeeper(savepoints)
+        conn.set_authorizer(keeper)
         try:
-            yield StepConnection(conn)
+            yield StepConnection(conn, keeper)
         finally:
             conn.set_authorizer(None)
 
