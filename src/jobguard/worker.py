@@ -164,6 +164,10 @@ class Worker:
             if prefetch is None
             else checks.integer("prefetch", prefetch, 0, MAX_PREFETCH)
         )
+        # The fetch loop leases up to the limit, and again once the buffer ran below one batch
+        # of work, so fetches stay batched.
+        self._limit = self.concurrency + self.prefetch
+        self._refill_at = self._limit - max(1, self.prefetch, self.concurrency // 2)
         self.grace_s = checks.seconds("grace_s", grace_s)
         self.poll_interval_s = checks.seconds("poll_interval_s", poll_interval_s, positive=True)
         # Text every store takes: a NUL made every fetch on PostgreSQL fail, as an outage.
@@ -297,18 +301,12 @@ class Worker:
     # -- fetching -------------------------------------------------------------------------------
 
     def _fetch_loop(self, burst: bool) -> None:
-        limit = self.concurrency + self.prefetch
-        # Refill when the buffer ran below one batch of work, so fetches stay batched.
-        refill_at = limit - max(1, self.prefetch, self.concurrency // 2)
         failures = 0
         while not self._stopping.is_set():
             with self._slot_freed:
-                # Deliveries waiting only for their batched ending hold no handler thread.
-                while (
-                    len(self._inflight) - self._finishing > refill_at or self._solo_pending
-                ) and not self._stopping.is_set():
+                while not self._may_fetch():
                     self._slot_freed.wait(self.poll_interval_s)
-                room = limit - (len(self._inflight) - self._finishing)
+                room = self._limit - (len(self._inflight) - self._finishing)
                 # Read before the fetch: with nothing in flight then, every ending was written
                 # before the fetch looked, so an empty fetch means nothing is left (burst).
                 idle = not self._inflight
@@ -351,6 +349,21 @@ class Worker:
             except JobGuardError as exc:
                 self.app.hooks.store_error("wait", exc)
                 self._stopping.wait(self.poll_interval_s)
+
+    def _may_fetch(self) -> bool:
+        """Whether the fetch loop goes on (under ``_slot_freed``): stopping, or room for a
+        batch and no crash-loop suspect running. Deliveries waiting only for their batched
+        ending hold no handler thread."""
+        return self._stopping.is_set() or (
+            not self._solo_pending and len(self._inflight) - self._finishing <= self._refill_at
+        )
+
+    def _room_changed(self) -> None:
+        """Wake the fetch loop (and a shutdown waiting for runs to end) only when it may go
+        on (under ``_slot_freed``): a busy worker would otherwise switch to it and back
+        twice a job."""
+        if self._may_fetch():
+            self._slot_freed.notify_all()
 
     def _fail(self, exc: StoreBrokenError) -> None:
         """The store cannot be used as it is: stop taking work and say why."""
@@ -471,7 +484,7 @@ class Worker:
         with self._slot_freed:
             item.finishing = True
             self._finishing += 1
-            self._slot_freed.notify_all()
+            self._room_changed()
         if not self._stopping.is_set():
             self._start_handler()  # the stuck thread's slot keeps working
         self._settler.put(item, ending)
@@ -509,7 +522,7 @@ class Worker:
                 self._finishing += 1
                 if item.solo:
                     self._solo_pending = False
-                self._slot_freed.notify_all()
+                self._room_changed()
             self._gate.leave(solo=item.solo)
             self._settler.put(item, ending)
 
@@ -520,7 +533,7 @@ class Worker:
                 self._finishing -= 1
             if not (self._stopping.is_set() and not item.started):
                 self._inflight.pop(item.delivery.lease_token, None)
-            self._slot_freed.notify_all()
+            self._room_changed()
 
     # -- shutdown -------------------------------------------------------------------------------
 

@@ -96,3 +96,30 @@ def test_a_job_waiting_past_max_defer_s_for_a_slot_is_buried_saying_so(store_url
         assert "concurrency:   account:7 (at most 1 at once)" in shown.output
     finally:
         app.close()
+
+
+def test_a_handler_slot_freed_is_refilled_at_once_not_at_the_next_poll(store_url: str) -> None:
+    """The fetch loop sleeps while the buffer is full and is woken when a handler frees a slot:
+    with one handler and nothing buffered beyond it, each next job is leased as the last one
+    ends, not a poll interval (here 5 s: six jobs would take half a minute) later."""
+    app = App(store_url)
+
+    @app.task(name="one_at_a_time")
+    def one_at_a_time(ctx: Context, n: int) -> None:
+        time.sleep(0.05)
+
+    jobs = [one_at_a_time.enqueue(n=n) for n in range(6)]
+    worker = app.worker(
+        install_signal_handlers=False, concurrency=1, prefetch=0, poll_interval_s=5.0
+    )
+    running = threading.Thread(target=worker.run, daemon=True)
+    running.start()
+    try:
+        deadline = time.monotonic() + 8.0
+        while any(app.get_job(job.id).status != JobStatus.COMPLETED for job in jobs):
+            assert time.monotonic() < deadline, "the next job waited for the poll"
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        running.join(30.0)
+        app.close()
