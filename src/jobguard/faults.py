@@ -9,7 +9,7 @@ with :class:`DuplicateEffects`.
 The faults are real: a crash is a forked worker process that dies (``os._exit``) right after a
 step is recorded; a lost lease is a paused handler whose lease and lock expire on the store clock
 while a second worker runs the job; a dropped connection is the store's own PostgreSQL
-connection cut by the server in the middle of a ``db_step`` transaction.
+connection cut by the server in the middle of a ``db_step`` or ``db_writes`` transaction.
 """
 
 from __future__ import annotations
@@ -241,39 +241,110 @@ class Faults:
         which has no connection to cut, the transaction fails there with the error a lost
         store raises, so it rolls back the same way.
         """
-        from jobguard.exceptions import StoreUnavailableError
-
         backend: Any = self.app.backend
-        original = backend.db_step
+        postgres = backend.driver.dialect == "postgres"
+
+        def dropping(original: Callable[..., Any]) -> Callable[..., Any]:
+            def db_step(guard: Any, key: str, name: str, fn: Any, args: Any, on: Any = None) -> Any:
+                if on is not None:  # the step runs on a framework's connection: cut that one
+                    return original(guard, key, name, fn, args, _Dropping(on, backend, postgres))
+
+                def then_drop(conn: Any, *fn_args: Any) -> Any:
+                    value = fn(conn, *fn_args)
+                    if not postgres:
+                        raise _lost()
+                    _terminate(backend, conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+                    return value
+
+                return original(guard, key, name, then_drop, args, on)
+
+            return db_step
+
+        self._fault_nth("db_step", step, dropping, task, kwargs, effects, expected)
+
+    def drop_connection_in_db_writes(
+        self,
+        task: Task,
+        kwargs: Mapping[str, Any],
+        *,
+        step: int = 1,
+        effects: Callable[[], Any],
+        expected: Any = 1,
+    ) -> None:
+        """The store connection is lost inside the ``step``-th ``db_writes``, after its
+        statements ran and before the step record and the commit; the job is retried.
+
+        On PostgreSQL the server process ends itself right after the statements, in the same
+        round trip (``pg_terminate_backend(pg_backend_pid())``); on SQLite the transaction
+        fails there with the error a lost store raises, so it rolls back the same way.
+        """
+        backend: Any = self.app.backend
+        driver = backend.driver
+
+        def dropping(original: Callable[..., Any]) -> Callable[..., Any]:
+            def db_writes(guard: Any, key: str, name: str, statements: Any) -> Any:
+                if driver.dialect == "postgres":
+                    cut = ("SELECT pg_terminate_backend(pg_backend_pid())", None)
+                    return original(guard, key, name, [*statements, cut])
+                writer = threading.get_ident()
+                write = driver.write
+
+                def write_then_lose(fn: Callable[[Any], Any]) -> Any:
+                    if threading.get_ident() != writer:  # another thread's write: untouched
+                        return write(fn)
+
+                    def then_lose(tx: Any) -> Any:
+                        fn(tx)
+                        raise _lost()
+
+                    return write(then_lose)
+
+                driver.write = write_then_lose
+                try:
+                    return original(guard, key, name, statements)
+                finally:
+                    del driver.write
+
+            return db_writes
+
+        self._fault_nth("db_writes", step, dropping, task, kwargs, effects, expected)
+
+    def _fault_nth(
+        self,
+        method: str,
+        step: int,
+        faulted: Callable[[Callable[..., Any]], Callable[..., Any]],
+        task: Task,
+        kwargs: Mapping[str, Any],
+        effects: Callable[[], Any],
+        expected: Any,
+    ) -> None:
+        """Run one job of ``task`` with the store's ``method`` replaced, on its ``step``-th
+        call, by ``faulted(original)``; then check its effects."""
+        backend: Any = self.app.backend
+        original = getattr(backend, method)
+        fault = faulted(original)
         calls = {"n": 0}
 
-        def db_step(guard: Any, key: str, name: str, fn: Any, args: Any, on: Any = None) -> Any:
+        def call(*args: Any, **options: Any) -> Any:
             calls["n"] += 1
-            if calls["n"] != step:
-                return original(guard, key, name, fn, args, on)
-
-            postgres = backend.driver.dialect == "postgres"
-            if on is not None:  # the step runs on a framework's connection: cut that one
-                return original(guard, key, name, fn, args, _Dropping(on, backend, postgres))
-
-            def then_drop(conn: Any, *fn_args: Any) -> Any:
-                value = fn(conn, *fn_args)
-                if not postgres:
-                    raise StoreUnavailableError("the store connection was lost (injected)")
-                _terminate(backend, conn.execute("SELECT pg_backend_pid()").fetchone()[0])
-                return value
-
-            return original(guard, key, name, then_drop, args, on)
+            return (fault if calls["n"] == step else original)(*args, **options)
 
         task.enqueue(**kwargs)
-        backend.db_step = db_step
+        setattr(backend, method, call)
         try:
             self.run_until_idle()
         finally:
-            del backend.db_step
+            delattr(backend, method)
         if calls["n"] < step:
-            raise FaultNotReached(f"the handler of {task.name!r} never ran db_step {step}")
-        self._expect(f"the store connection dropped in db_step {step}", effects, expected)
+            raise FaultNotReached(f"the handler of {task.name!r} never ran {method} {step}")
+        self._expect(f"the store connection dropped in {method} {step}", effects, expected)
+
+
+def _lost() -> Exception:
+    from jobguard.exceptions import StoreUnavailableError
+
+    return StoreUnavailableError("the store connection was lost (injected)")
 
 
 def _wait(event: threading.Event) -> None:
@@ -296,14 +367,13 @@ class _Dropping:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[tuple[Any, StepCall]]:
-        from jobguard.exceptions import StoreUnavailableError
 
         with self.inner.transaction() as (connection, call):
 
             def then_drop(fn: Callable[..., Any], args: Sequence[Any]) -> Any:
                 value = call(fn, args)
                 if not self.postgres:
-                    raise StoreUnavailableError("the store connection was lost (injected)")
+                    raise _lost()
                 _terminate(self.backend, connection.info.backend_pid)
                 return value
 

@@ -36,11 +36,22 @@ def shop(jobguard_store, tmp_path):
 
     keys = dict(operation_key="charge:{{order_id}}", resource_key="order:{{order_id}}")
 
-    if SAFE:
+    insert = (f"INSERT INTO {{table}} (order_id) VALUES ({{mark}})", (7,))
+    if SAFE and MODE == "drop_writes":
+        @app.task(name="charge", **keys)
+        def charge(ctx, order_id):
+            ctx.db_writes("charge", [insert])
+            ctx.step("receipt", lambda: "sent")
+    elif SAFE:
         @app.task(name="charge", **keys)
         def charge(ctx, order_id):
             ctx.db_step("charge", record, order_id)
             ctx.step("receipt", lambda: "sent")
+    elif MODE == "drop_writes":
+        @app.task(name="charge", **keys)
+        def charge(ctx, order_id):
+            call_api(order_id)  # before the step, outside its transaction: a retry repeats it
+            ctx.db_writes("charge", [insert])
     elif MODE in ("twice", "redeliver"):
         @app.task(name="charge")  # no operation key: every delivery charges again
         def charge(ctx, order_id):
@@ -81,11 +92,13 @@ def test_charge_is_duplicate_safe(shop, jobguard_faults):
         faults.lease_expires_mid_handler(charge, {{"order_id": 7}}, after_step=1, effects=effects)
     elif MODE == "redeliver":
         faults.redeliver_after_completion(charge, {{"order_id": 7}}, effects=effects)
+    elif MODE == "drop_writes":
+        faults.drop_connection_in_db_writes(charge, {{"order_id": 7}}, step=1, effects=effects)
     else:
         faults.drop_connection_in_db_step(charge, {{"order_id": 7}}, step=1, effects=effects)
 """
 
-MODES = ("crash", "twice", "lease", "redeliver", "drop")
+MODES = ("crash", "twice", "lease", "redeliver", "drop", "drop_writes")
 # Other plugins installed beside jobguard's that the inner sessions have no use for: loading
 # them (hypothesis above all) is most of an inner session's start-up. jobguard's own plugin is
 # still found through its entry point alone.
