@@ -128,7 +128,6 @@ class HookChain(Hooks):
     def __init__(self, *hooks: Hooks) -> None:
         # Hooks that do nothing are left out: with none left, each delivery and step skips
         # the containing loop (the default app's case: a cost per job on the hot path).
-        # (Judged by type: a broken hook is not asked anything here.)
         self.hooks = tuple(hook for hook in hooks if not _does_nothing(hook))
         self.failures = 0
         self._told: set[tuple[int, str]] = set()
@@ -263,8 +262,9 @@ class HookChain(Hooks):
 
 
 def _does_nothing(hook: Hooks) -> bool:
-    """The base hooks unchanged, or a chain of none."""
-    return type(hook) is Hooks or (isinstance(hook, HookChain) and not hook.hooks)
+    """Whether ``hook`` is one of ours and :attr:`~Hooks.silent` (a user's hook, broken or
+    not, is not asked anything here)."""
+    return type(hook) in (Hooks, HookChain) and hook.silent
 
 
 def contained(hooks: Hooks) -> HookChain:

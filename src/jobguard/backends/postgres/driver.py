@@ -266,30 +266,30 @@ def leading_words(query: str, count: int = 2) -> list[str]:
     return words
 
 
-def ends_transaction(query: str) -> bool:
-    """Whether one statement would end the transaction it runs in (or split it)."""
-    words = leading_words(query)
+def ends_transaction(words: list[str]) -> bool:
+    """Whether a statement beginning with ``words`` (:func:`leading_words`) would end the
+    transaction it runs in (or split it)."""
     return bool(words) and (words[0] in _ENDS_TRANSACTION or words == ["prepare", "transaction"])
 
 
-def runs_alike_without_block(query: str) -> bool:
-    """Whether a statement runs the same in a pipeline's implicit transaction as in a
-    BEGIN ... COMMIT block (see :data:`_ALIKE_WITHOUT_BLOCK`)."""
-    words = leading_words(query, 1)
+def runs_alike_without_block(words: list[str]) -> bool:
+    """Whether a statement beginning with ``words`` runs the same in a pipeline's implicit
+    transaction as in a BEGIN ... COMMIT block (see :data:`_ALIKE_WITHOUT_BLOCK`)."""
     return bool(words) and words[0] in _ALIKE_WITHOUT_BLOCK
 
 
-def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> str:
+def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> list[str]:
     """Refuse, before it is sent, a step's statement that is not SQL text or that would end
-    (or split) the step's transaction; its text, checked."""
+    (or split) the step's transaction; its first words (:func:`leading_words`), read once."""
     if not isinstance(query, str | bytes | sql.Composable):
         raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
     text = query.as_string(conn) if isinstance(query, sql.Composable) else query
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    if ends_transaction(text):
+    words = leading_words(text)
+    if ends_transaction(words):
         raise StepSQLError(messages.STEP_CANNOT_END_ITS_TRANSACTION)
-    return text
+    return words
 
 
 class StepConnection:
@@ -505,8 +505,8 @@ class PostgresDriver:
         """
 
         def send(conn: psycopg.Connection[Any]) -> None:
-            texts = [check_step_statement(conn, query) for query, _ in statements]
-            block = not all(runs_alike_without_block(text) for text in texts)
+            starts = [check_step_statement(conn, query) for query, _ in statements]
+            block = not all(runs_alike_without_block(words) for words in starts)
             self._send_together(conn, first, statements, last, block=block)
 
         self._write_on_its_own("a statement", send)
