@@ -512,7 +512,8 @@ class Chaos:
 
 
 def run_storm(shop: Shop, *, disrupt: Callable[[Chaos], None] | None = None) -> Chaos:
-    """500 fulfillments on 4 worker processes (2 handler threads each); a killer SIGKILLs one
+    """500 fulfillments on 4 worker processes (2 handler threads each), half of them cutting
+    their stock through ``ctx.db_writes``; a killer SIGKILLs one
     every 0.5 s and the workers also SIGKILL themselves at seeded fault points (inside and
     between step transactions, after the email went out); the mail service drops or fails some
     calls; ``disrupt`` adds faults of its own while the storm runs. Afterwards: every job
@@ -525,7 +526,11 @@ def run_storm(shop: Shop, *, disrupt: Callable[[Chaos], None] | None = None) -> 
     shop.mail.faults = MailFaults(error_rate=0.03, drop_rate=0.03)
     shop.mail.seed = 3
     sku_of = {order: SKUS[order % len(SKUS)] for order in orders}
-    jobs = [shop.fulfill.enqueue(order_id=order, sku=sku_of[order]) for order in orders]
+    # Every other order cuts its stock through ctx.db_writes (one round trip) instead of a db_step.
+    jobs = [
+        shop.fulfill.enqueue(order_id=order, sku=sku_of[order], writes=order % 2 == 0)
+        for order in orders
+    ]
 
     def all_completed() -> bool:
         try:
@@ -560,6 +565,8 @@ def run_storm(shop: Shop, *, disrupt: Callable[[Chaos], None] | None = None) -> 
         operation = shop.app.operation(f"fulfill-order:{order}")
         assert operation is not None
         assert operation.status == OperationStatus.COMPLETED
+        # A db_writes step records no result; the db_step's is the stock left.
+        assert (operation.steps["cut-stock"] is None) == (order % 2 == 0)
         refs.add(operation.external_ref)
     assert refs == {m["message_id"] for m in shop.mail.sent}  # each order kept its one email
     attempts = shop.app.attempts(limit=100_000)
@@ -569,6 +576,9 @@ def run_storm(shop: Shop, *, disrupt: Callable[[Chaos], None] | None = None) -> 
     outcomes = Counter(a.outcome for a in attempts)
     assert outcomes[Outcome.LOST] >= 10
     assert any(a.steps_skipped > 0 for a in attempts if a.outcome == Outcome.COMPLETED)
+    # ... the orders whose stock cut is a ctx.db_writes among them.
+    writes_jobs = {job.id for job in jobs[1::2]}
+    assert any(a.outcome == Outcome.LOST and a.job_id in writes_jobs for a in attempts)
     assert chaos.kills >= 1
     return chaos
 

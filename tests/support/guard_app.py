@@ -2,9 +2,10 @@
 
 Two tasks:
 
-* ``fulfill(order_id, sku)`` — the article's order fulfillment: cut stock and create an invoice
-  (``UNIQUE(order_id)``) through ``ctx.db_step()``, then send a confirmation email to a real
-  local HTTP mail service with ``ctx.idempotency_key("email")`` inside a memoised ``ctx.step()``.
+* ``fulfill(order_id, sku, writes=False)`` — the article's order fulfillment: cut stock and
+  create an invoice (``UNIQUE(order_id)``) through ``ctx.db_step()`` (the stock cut through
+  ``ctx.db_writes()`` when ``writes``), then send a confirmation email to a real local HTTP mail
+  service with ``ctx.idempotency_key("email")`` inside a memoised ``ctx.step()``.
 * ``hold(job_no, resource, hold_s)`` — one guarded write on a shared resource, then a nap; its
   start/end events give the intervals the mutual-exclusion tests compare.
 
@@ -330,18 +331,27 @@ def make_app(
 
     def cut_stock(conn: Any, ctx: Context, order_id: int, sku: str) -> int:
         record("ran:cut-stock", ctx)
-        changed = conn.execute(
-            sql("UPDATE {products} SET stock = stock - 1 WHERE sku = ? AND stock > 0"), (sku,)
-        ).rowcount
+        changed = conn.execute(cut_stock_sql, (sku,)).rowcount
         if changed != 1:
             raise OutOfStockError(sku)
-        conn.execute(
-            sql("INSERT INTO {stock_moves} (order_id, sku, fence, worker_id) VALUES (?, ?, ?, ?)"),
-            (order_id, sku, ctx.fence, ctx.worker_id),
-        )
+        conn.execute(stock_move_sql, (order_id, sku, ctx.fence, ctx.worker_id))
         fault(ctx, "stock-cut", order_id)
         found = conn.execute(sql("SELECT stock FROM {products} WHERE sku = ?"), (sku,)).fetchone()
         return int(found[0])
+
+    cut_stock_sql = sql("UPDATE {products} SET stock = stock - 1 WHERE sku = ? AND stock > 0")
+    stock_move_sql = sql(
+        "INSERT INTO {stock_moves} (order_id, sku, fence, worker_id) VALUES (?, ?, ?, ?)"
+    )
+
+    # fulfill's stock cut: a db_step, or (writes) the same rows through ctx.db_writes
+    cut_stock_step = {
+        False: lambda ctx, order_id, sku: ctx.db_step("cut-stock", cut_stock, ctx, order_id, sku),
+        True: lambda ctx, order_id, sku: ctx.db_writes(
+            "cut-stock",
+            [(cut_stock_sql, (sku,)), (stock_move_sql, (order_id, sku, ctx.fence, ctx.worker_id))],
+        ),
+    }
 
     def create_invoice(conn: Any, ctx: Context, order_id: int) -> dict[str, Any]:
         record("ran:invoice", ctx)
@@ -373,13 +383,13 @@ def make_app(
         resource_key="order:{order_id}",
         **guarded,
     )
-    def fulfill(ctx: Context, order_id: int, sku: str) -> dict[str, Any]:
+    def fulfill(ctx: Context, order_id: int, sku: str, writes: bool = False) -> dict[str, Any]:
         """Cut stock, create the invoice, email the customer — each exactly once."""
         record("start", ctx, order_id=order_id)
         if order_id in faults.fatal_orders:
             raise Fatal(f"order {order_id} is configured to fail")
         fault(ctx, "start", order_id)
-        ctx.db_step("cut-stock", cut_stock, ctx, order_id, sku)
+        cut_stock_step[writes](ctx, order_id, sku)
         fault(ctx, "after-cut-stock", order_id)
         invoice = ctx.db_step("invoice", create_invoice, ctx, order_id)
         fault(ctx, "after-invoice", order_id)
