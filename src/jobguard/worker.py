@@ -124,7 +124,8 @@ class Worker:
         concurrency: Handler threads.
         prefetch: Extra leased jobs kept buffered beyond ``concurrency`` (leases are renewed).
         grace_s: On shutdown, how long running jobs may take to finish before being released.
-        poll_interval_s: Longest sleep between fetches while the queues are empty.
+        poll_interval_s: Longest sleep between fetches while the queues are empty (a stop ends
+            it at once).
         worker_id: Name in the attempt log; default ``host:pid:random``.
         heartbeat: Renew leases and locks. Turning it off exists only to show what goes wrong
             without it (``jobguard demo --unsafe``); never do it in production.
@@ -246,6 +247,7 @@ class Worker:
         self._stopping.set()
         with self._slot_freed:
             self._slot_freed.notify_all()
+        self.app.backend.interrupt_wait()  # an idle fetch loop's sleep ends now
 
     def run(self, burst: bool = False) -> WorkerStats:
         """Work until stopped; with ``burst=True`` return once nothing is ready or running.

@@ -308,6 +308,11 @@ class QueuePort(Protocol):
         A wake-up can be spurious and one can be missed: callers poll again after ``timeout_s``.
         """
 
+    def interrupt_wait(self) -> None:
+        """End a :meth:`wait_for_jobs` under way in this process now, or the next one if none
+        is (a worker stopping need not sleep out its poll interval). Never raises.
+        """
+
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
         """Extend leases (and their locks and slots) that are still ours; report the ones that
         are not, and the cancels asked of the jobs (:meth:`cancel`).

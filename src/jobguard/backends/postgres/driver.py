@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import select
 import threading
 import time
 import weakref
@@ -32,6 +31,7 @@ from jobguard.backends.sql.driver import (
     Tx,
     UserCodeError,
 )
+from jobguard.backends.sql.interrupt import WaitInterrupt
 from jobguard.core import messages
 from jobguard.exceptions import (
     ConfigurationError,
@@ -395,6 +395,7 @@ class PostgresDriver:
         self._guard = threading.Lock()
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_pid = -1
+        self._interrupt = WaitInterrupt()
         self._usable_checked = False
         # Callers' connections already seen to hold this schema (checked once each).
         self._adopted: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -665,7 +666,7 @@ class PostgresDriver:
         """Sleep until a NOTIFY for one of ``queues`` arrives (True), or ``timeout_s``."""
         listener = self._listening()
         if listener is None:
-            time.sleep(timeout_s)
+            self._interrupt.wait([], timeout_s)
             return False
         wanted = set(queues)
         deadline = time.monotonic() + timeout_s
@@ -679,11 +680,15 @@ class PostgresDriver:
                 left = deadline - time.monotonic()
                 # Sleep in select() until the server sends something: psycopg's own timed wait
                 # for notifications wakes thousands of times a second while idle.
-                if left <= 0 or not select.select([listener.fileno()], [], [], left)[0]:
+                if left <= 0 or not self._interrupt.wait([listener.fileno()], left):
                     return False
         except (psycopg.Error, OSError, ValueError):
             self._drop_listener()  # listened again on the next wait; meanwhile we poll
         return False
+
+    def interrupt_wait(self) -> None:
+        """End this process's :meth:`wait_for_jobs` now (a worker stopping)."""
+        self._interrupt.interrupt()
 
     def _listening(self) -> psycopg.Connection[Any] | None:
         listener = self._listener
@@ -706,6 +711,7 @@ class PostgresDriver:
     def close(self) -> None:
         """Close this process's pool and listening connection."""
         self._drop_listener()
+        self._interrupt.close()
         if self._pool is not None and self._pid == os.getpid():
             self._pool.close()
         self._pool = None

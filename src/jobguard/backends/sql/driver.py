@@ -128,6 +128,9 @@ class Driver(Protocol):
         """Block until an enqueue may have made work for ``queues`` (True: a wake-up came), or
         ``timeout_s`` passed (False)."""
 
+    def interrupt_wait(self) -> None:
+        """End this process's :meth:`wait_for_jobs` now, or its next one (never raises)."""
+
     def close(self) -> None:
         """Close this process's connections."""
 

@@ -115,6 +115,10 @@ class Leases:
         if self.driver.wait_for_jobs(queues, timeout_s):
             self._expect_work = True  # woken by an enqueue: the look before fetching is moot
 
+    def interrupt_wait(self) -> None:
+        """End a :meth:`wait_for_jobs` under way in this process now."""
+        self.driver.interrupt_wait()
+
     def fetch_prepared(
         self,
         queues: Sequence[str],

@@ -110,6 +110,10 @@ class SQLStore:
         """Block until an enqueue may have added work, or ``timeout_s`` passed."""
         self._leases.wait_for_jobs(queues, timeout_s)
 
+    def interrupt_wait(self) -> None:
+        """End a :meth:`wait_for_jobs` under way in this process now."""
+        self._leases.interrupt_wait()
+
     def fetch_prepared(
         self,
         queues: Sequence[str],

@@ -351,6 +351,10 @@ class SQLiteDriver:
         self.check_usable()
         return self._waker.wait(timeout_s)
 
+    def interrupt_wait(self) -> None:
+        """End this process's :meth:`wait_for_jobs` now (a worker stopping)."""
+        self._waker.interrupt()
+
     def close(self) -> None:
         """Close this process's connections and its wake-up socket."""
         self._waker.close()

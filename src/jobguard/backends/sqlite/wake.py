@@ -12,10 +12,11 @@ import contextlib
 import hashlib
 import os
 import secrets
-import select
 import socket
 import tempfile
 from pathlib import Path
+
+from jobguard.backends.sql.interrupt import WaitInterrupt
 
 
 def wake_dir(db_path: str) -> Path:
@@ -32,6 +33,11 @@ class Waker:
         self._sock: socket.socket | None = None
         self._path: Path | None = None
         self._pid = -1
+        self._interrupt = WaitInterrupt()
+
+    def interrupt(self) -> None:
+        """End this process's wait (a worker stopping); never raises."""
+        self._interrupt.interrupt()
 
     def notify(self) -> None:
         """Wake every worker waiting on this file (best effort, never raises)."""
@@ -53,13 +59,11 @@ class Waker:
                     continue  # full buffer: that worker has wake-ups pending already
 
     def wait(self, timeout_s: float) -> bool:
-        """Block until a wake-up arrives (True) or ``timeout_s`` passes; drain what arrived."""
+        """Block until a wake-up arrives (True), ``timeout_s`` passes or :meth:`interrupt` is
+        called (False); drain what arrived."""
         sock = self._socket()
-        if sock is None:
-            select.select([], [], [], timeout_s)
-            return False
-        ready, _, _ = select.select([sock], [], [], timeout_s)
-        if ready:
+        ready = self._interrupt.wait([sock.fileno()] if sock is not None else [], timeout_s)
+        if ready and sock is not None:
             with contextlib.suppress(BlockingIOError):
                 while sock.recv(64):
                     pass
@@ -88,3 +92,4 @@ class Waker:
                 with contextlib.suppress(OSError):
                     self._path.unlink()
         self._sock = None
+        self._interrupt.close()
