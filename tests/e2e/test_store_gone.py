@@ -1,5 +1,6 @@
 """A worker or scheduler whose store became unusable under it stops and says why, instead of
-polling a file nobody writes to or retrying forever."""
+polling a file nobody writes to or retrying forever: a SQLite file deleted or replaced, a
+PostgreSQL schema dropped."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
+import psycopg
 import pytest
+from psycopg import sql
 
-from jobguard import App, Context
+from jobguard import App, Context, JobStatus
 from jobguard.backends.base import DeliveryRules, Prepared
 from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.backends.sqlite.connection import _wrap
 from jobguard.exceptions import StoreBrokenError
+from tests.support import pg
 from tests.support.procs import clean_env, entry_point, wait_until
 
 TASKS = textwrap.dedent(
@@ -27,7 +32,7 @@ TASKS = textwrap.dedent(
 
     from jobguard import App, Context
 
-    app = App("sqlite:///jobs.db")
+    app = App({url!r})
 
 
     @app.task
@@ -43,9 +48,12 @@ TASKS = textwrap.dedent(
 
 
 @contextmanager
-def running(tmp_path: Path, command: str) -> Iterator[subprocess.Popen[str]]:
-    """`jobguard --app tasks:app COMMAND` on jobs.db in ``tmp_path``, killed if left running."""
-    (tmp_path / "tasks.py").write_text(TASKS)
+def running(
+    tmp_path: Path, command: str, url: str = "sqlite:///jobs.db"
+) -> Iterator[subprocess.Popen[str]]:
+    """`jobguard --app tasks:app COMMAND` on the store at ``url`` (jobs.db in ``tmp_path``),
+    killed if left running."""
+    (tmp_path / "tasks.py").write_text(TASKS.format(url=url))
     env = clean_env()
     env["PYTHONPATH"] = str(tmp_path)
     proc = subprocess.Popen(
@@ -72,12 +80,17 @@ def remove_store_and_wait(proc: subprocess.Popen[str], tmp_path: Path, how: str)
         Path(f"{tmp_path / 'jobs.db'}{suffix}").unlink(missing_ok=True)
     if how == "replaced":
         SQLiteBackend(str(tmp_path / "jobs.db")).close()  # a new, empty store at the path
+    stopped_saying(proc, "error: store unavailable: the SQLite file", "deleted or replaced while")
+
+
+def stopped_saying(proc: subprocess.Popen[str], *parts: str) -> None:
+    """The process stops with exit 3, its last line of stderr holding each of ``parts``."""
     code = proc.wait(timeout=30)
     assert proc.stderr is not None
     stderr = proc.stderr.read()
     assert code == 3, stderr
-    assert "error: store unavailable: the SQLite file" in stderr
-    assert "was deleted or replaced while in use" in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert all(part in last for part in parts), stderr
     assert "Traceback" not in stderr
 
 
@@ -167,3 +180,75 @@ def test_a_burst_worker_on_a_store_that_turned_read_only_stops_instead_of_loopin
         runner.join(10)
         app.close()
     os.sync()
+
+
+def drop_schema_and_wait(proc: subprocess.Popen[str], url: str) -> None:
+    """Drop the store's PostgreSQL schema; the process must then stop with exit 3 and say why,
+    not retry an outage that never passes."""
+    schema = parse_qs(urlsplit(url).query)["schema"][0]
+    with psycopg.connect(url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    stopped_saying(
+        proc,
+        "error: store unavailable: PostgreSQL read failed",
+        f"jobguard's schema {schema!r} was dropped or changed while in use",
+    )
+
+
+def test_a_worker_whose_postgresql_schema_is_dropped_stops_with_exit_3(tmp_path: Path) -> None:
+    url = pg.fresh_store_url(pg.session_database())
+    with running(tmp_path, "worker", url) as proc:
+        assert proc.stderr is not None
+        assert "on queues" in proc.stderr.readline()
+        drop_schema_and_wait(proc, url)
+
+
+def test_a_scheduler_whose_postgresql_schema_is_dropped_stops_with_exit_3(tmp_path: Path) -> None:
+    url = pg.fresh_store_url(pg.session_database())
+    with running(tmp_path, "scheduler", url) as proc:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("scheduler ")
+        app = App(url)
+        try:
+            wait_until(lambda: any(s.name == "tasks.hourly" for s in app.backend.schedule_states()))
+        finally:
+            app.close()
+        drop_schema_and_wait(proc, url)
+
+
+def test_on_postgresql_a_missing_table_of_a_steps_own_sql_is_its_error_not_a_broken_store() -> None:
+    """Only jobguard's own statements meeting a dropped schema break the store: a step whose
+    SQL names a table that does not exist fails its job with ``StepSQLError`` and the worker
+    goes on; once the schema is dropped, each way jobguard writes or reads says it is broken."""
+    url = pg.fresh_store_url(pg.session_database())
+    app = App(url)
+    insert = ("INSERT INTO no_such_table VALUES (1)", None)
+
+    @app.task(name="writes_nowhere", operation_key="writes-nowhere", max_attempts=1)
+    def writes_nowhere(ctx: Context) -> None:
+        ctx.db_writes("insert", [insert])
+
+    @app.task(name="steps_nowhere", operation_key="steps-nowhere", max_attempts=1)
+    def steps_nowhere(ctx: Context) -> None:
+        ctx.db_step("insert", lambda conn: conn.execute(insert[0]) and None)
+
+    jobs = [writes_nowhere.enqueue(), steps_nowhere.enqueue()]
+    try:
+        worker = app.worker(install_signal_handlers=False)
+        worker.run(burst=True)
+        assert worker.failure is None
+        assert [app.get_job(job.id).status for job in jobs] == [JobStatus.DEAD] * 2
+        assert {a.error_type for a in app.attempts(limit=10)} == {"StepSQLError"}
+        schema = parse_qs(urlsplit(url).query)["schema"][0]
+        with psycopg.connect(url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        driver = app.backend.driver
+        for use in (
+            lambda: driver.write_statement("extend_leases", {"items": []}),
+            lambda: driver.write(lambda tx: tx.one("operation_row", {"key": "k"})),
+            lambda: driver.read(lambda tx: tx.one("operation_row", {"key": "k"})),
+        ):
+            with pytest.raises(StoreBrokenError, match="was dropped or changed while in use"):
+                use()
+    finally:
+        app.close()

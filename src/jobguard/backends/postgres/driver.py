@@ -188,6 +188,17 @@ class PostgresTx(NamedStatements):
 # timeout, a deadlock, a serialization failure).
 _OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "53")
 _OUTAGE_SQLSTATES = frozenset({"57014", "55P03", "40001", "40P01"})
+# What jobguard's own statements meet when its schema lost what they name: dropped or changed
+# (by hand, or migrated by another jobguard version) while in use. No retry brings it back.
+_SCHEMA_GONE_SQLSTATES = frozenset(
+    {
+        "3F000",  # invalid_schema_name
+        "42P01",  # undefined_table
+        "42703",  # undefined_column
+        "42704",  # undefined_object (a type)
+        "42883",  # undefined_function
+    }
+)
 
 
 def is_outage(exc: psycopg.Error) -> bool:
@@ -458,7 +469,7 @@ class PostgresDriver:
                 if not fresh and not committing and connection_broke(exc):
                     fresh = True
                     continue
-                raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
+                raise self._failed("write", exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Any]:
@@ -468,12 +479,16 @@ class PostgresDriver:
             tx = self._tx(conn)
             return tx.all(name, {"now": tx.known_now(), **params})
 
-        return self._write_on_its_own(name, send)
+        return self._write_on_its_own(name, send, ours=True)
 
-    def _write_on_its_own(self, what: str, send: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def _write_on_its_own(
+        self, what: str, send: Callable[[psycopg.Connection[Any]], T], *, ours: bool
+    ) -> T:
         """Run ``send`` on a pooled autocommit connection, again if the server aborted it (a
         deadlock: nothing of it was written); a failure raised as the driver seam says of
-        :meth:`write_statement` (refused, cut off, or the store unavailable)."""
+        :meth:`write_statement` (refused, cut off, or the store unavailable), or, when every
+        statement is ``ours`` (none a caller's), as broken when jobguard's schema lost what
+        they name."""
         for attempt in range(_RETRIES):
             try:
                 with self._pool_of_this_process().connection() as conn:
@@ -481,6 +496,8 @@ class PostgresDriver:
             except _RETRYABLE as exc:
                 _pause_before_retry(attempt, exc)
             except psycopg.Error as exc:
+                if ours and exc.sqlstate in _SCHEMA_GONE_SQLSTATES:
+                    raise self._failed("write", exc) from exc
                 if exc.sqlstate is not None and not is_outage(exc):
                     raise StatementRefused(f"PostgreSQL refused {what}: {exc}") from exc
                 if connection_broke(exc):
@@ -510,7 +527,7 @@ class PostgresDriver:
             block = not all(runs_alike_without_block(words) for words in starts)
             self._send_together(conn, first, statements, last, block=block)
 
-        self._write_on_its_own("a statement", send)
+        self._write_on_its_own("a statement", send, ours=False)
 
     def _send_together(
         self,
@@ -568,7 +585,20 @@ class PostgresDriver:
             with self._pool_of_this_process().connection() as conn:
                 return fn(self._tx(conn))
         except psycopg.Error as exc:
-            raise StoreUnavailableError(f"PostgreSQL read failed: {exc}") from exc
+            raise self._failed("read", exc) from exc
+
+    def _failed(self, what: str, exc: psycopg.Error) -> StoreUnavailableError:
+        """The error for a failed read or write of jobguard's own statements: the store
+        broken when its schema lost what they name (a worker stops on it, saying why), else
+        unavailable (retried)."""
+        if exc.sqlstate in _SCHEMA_GONE_SQLSTATES:
+            # The primary message alone: one line, without the statement it quotes.
+            return StoreBrokenError(
+                f"PostgreSQL {what} failed: {exc.diag.message_primary or exc}; jobguard's "
+                f"schema {self.schema!r} was dropped or changed while in use (run `jobguard "
+                "migrate`, or the jobguard version that migrated it)"
+            )
+        return StoreUnavailableError(f"PostgreSQL {what} failed: {exc}")
 
     def adopt(self, connection: Any) -> PostgresTx:
         """The caller's own connection to this database, inside its transaction.
