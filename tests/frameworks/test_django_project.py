@@ -92,3 +92,17 @@ def test_django_tasks_run_on_jobguard(project_env: dict[str, str]) -> None:
         "status": ["SUCCESSFUL", "SUCCESSFUL"],
         "payments": [501],
     }
+
+
+def test_a_django_tasks_concurrency_limit_is_stored_with_its_jobs(
+    project_env: dict[str, str],
+) -> None:
+    """``guarded(concurrency_key=, concurrency_limit=)`` reaches each job (the worker then
+    holds it to the limit, as for every job); one without the other, or a limit out of range,
+    is refused where it is written."""
+    run(project_env, "manage.py", "migrate", "-v", "0")
+    limits = json.loads(run(project_env, "scenario.py", "limits"))
+    assert limits["limits"] == [["dock", 1], ["dock", 1]]
+    assert "given together" in limits["refused"][0]
+    assert "concurrency_limit" in limits["refused"][1]
+    assert len(limits["refused"]) == 2

@@ -50,6 +50,12 @@ def fulfil(ctx: Any, order_id: int) -> None:
     workload.fulfil_guarded(ctx, order_id)
 
 
+@guard.task(**workload.GUARDED_LIMITED)
+def limited(ctx: Any, order_id: int) -> None:
+    """A guarded task with a concurrency limit of one."""
+    workload.fulfil_limited(ctx, order_id)
+
+
 @guard.task(**workload.guarded_fragile())
 def fragile(ctx: Any, order_id: int) -> None:
     """A guarded task that fails fatally until the warehouse is fixed."""

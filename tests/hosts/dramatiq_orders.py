@@ -40,6 +40,12 @@ def fulfil(ctx: Any, order_id: int) -> None:
     workload.fulfil_guarded(ctx, order_id)
 
 
+@guard.actor(**workload.GUARDED_LIMITED, queue_name="orders")
+def limited(ctx: Any, order_id: int) -> None:
+    """A guarded actor with a concurrency limit of one."""
+    workload.fulfil_limited(ctx, order_id)
+
+
 @guard.actor(**workload.guarded_fragile(), queue_name="orders")
 def fragile(ctx: Any, order_id: int) -> None:
     """A guarded task that fails fatally until the warehouse is fixed."""

@@ -40,6 +40,7 @@ def celery_host(broker_url: str, guarded: bool) -> Host:
     return Host(
         "celery", command, "ready.", task.delay, drained,
         send_fragile=celery_orders.fragile.delay,
+        send_limited=celery_orders.limited.delay,
         queued=lambda: client.llen("orders"),
         limit_s=celery_orders.VISIBILITY_TIMEOUT_S,
     )  # fmt: skip
@@ -72,6 +73,7 @@ def rq_host(broker_url: str, guarded: bool) -> Host:
     return Host(
         "rq", command, "Listening on", send, drained,
         send_fragile=lambda order_id: rq_orders.fragile.enqueue(rq_orders.queue, order_id),
+        send_limited=lambda order_id: rq_orders.limited.enqueue(rq_orders.queue, order_id),
         queued=lambda: client.llen("rq:queue:orders"),
         limit_s=rq_orders.JOB_TIMEOUT_S,
     )  # fmt: skip
@@ -96,6 +98,7 @@ def dramatiq_host(broker_url: str, guarded: bool) -> Host:
     return Host(
         "dramatiq", command, "is ready for action", actor.send, drained,
         send_fragile=dramatiq_orders.fragile.send,
+        send_limited=dramatiq_orders.limited.send,
         queued=lambda: client.hlen("dramatiq:orders.msgs"),
         limit_s=dramatiq_orders.TIME_LIMIT_MS / 1000,
     )  # fmt: skip

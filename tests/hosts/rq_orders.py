@@ -38,6 +38,12 @@ def fulfil(ctx: Any, order_id: int) -> None:
     workload.fulfil_guarded(ctx, order_id)
 
 
+@guard.job(**workload.GUARDED_LIMITED)
+def limited(ctx: Any, order_id: int) -> None:
+    """A guarded job with a concurrency limit of one."""
+    workload.fulfil_limited(ctx, order_id)
+
+
 @guard.job(**workload.guarded_fragile())
 def fragile(ctx: Any, order_id: int) -> None:
     """A guarded task that fails fatally until the warehouse is fixed."""

@@ -40,6 +40,7 @@ class Host:
     send: Callable[[int], Any]
     drained: Callable[[], bool]
     send_fragile: Callable[[int], Any]  # the deduplicated task that fails until fixed
+    send_limited: Callable[[int], Any]  # the task whose runs share a concurrency limit of one
     queued: Callable[[], int]  # messages waiting in the broker's queue
     limit_s: float  # the host's own limit on the order task's run (what redelivers or kills it)
 

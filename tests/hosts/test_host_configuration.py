@@ -85,6 +85,9 @@ def no_ctx() -> None:
         (handler, {**KEYS, "max_attempts": 0}, "max_attempts"),
         (handler, {**KEYS, "dedup": True, "dedup_unsent_s": 0}, "dedup_unsent_s must be"),
         (handler, {**KEYS, "dedup_unsent_s": "soon"}, "dedup_unsent_s must be"),
+        (handler, {**KEYS, "concurrency_key": "dock"}, "needs a concurrency_limit"),
+        (handler, {**KEYS, "concurrency_key": "dock", "concurrency_limit": 0}, "concurrency_limit"),
+        (handler, {**KEYS, "concurrency_key": "{dock}", "concurrency_limit": 1}, "names 'dock'"),
     ],
 )
 def test_functions_and_options_that_cannot_be_guarded_are_refused_on_every_host(

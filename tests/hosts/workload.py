@@ -41,6 +41,19 @@ GUARDED: dict[str, Any] = {
 
 FRAGILE = "orders.fragile"
 
+LIMITED = "orders.limited"
+# The guard's options of a task whose runs share one warehouse dock: at most one at a time,
+# however many host workers take its messages.
+GUARDED_LIMITED: dict[str, Any] = {
+    "name": LIMITED,
+    "operation_key": "limited-order:{order_id}",
+    "concurrency_key": "warehouse-dock",
+    "concurrency_limit": 1,
+    "visibility_timeout_s": 3,
+    "lock_ttl_s": 3,
+}
+DOCK_S = 0.5  # how long one order holds the dock
+
 
 def guarded_fragile() -> dict[str, Any]:
     """The guard's options of a task that fails fatally until the warehouse is fixed (a marker
@@ -204,6 +217,13 @@ def fulfil_guarded(ctx: Any, order_id: int) -> None:
         ctx.db_step("cut-stock", cut_stock, order_id)
         time.sleep(work_s(order_id))
         ctx.db_step("invoice", write_invoice, order_id)
+
+
+def fulfil_limited(ctx: Any, order_id: int) -> None:
+    """Cut stock at the dock, which takes a while; one order at a time may use it."""
+    with handler_run(order_id):
+        ctx.db_step("cut-stock", cut_stock, order_id)
+        time.sleep(DOCK_S)
 
 
 def warehouse_fixed() -> Path:

@@ -51,6 +51,8 @@ GUARD_OPTIONS = (
     "operation_key",
     "resource_key",
     "lock_ttl_s",
+    "concurrency_key",
+    "concurrency_limit",
     "visibility_timeout_s",
     "max_attempts",
     "backoff_base_s",
@@ -322,6 +324,8 @@ class HostGuard:
             operation_key=options["operation_key"],
             resource_key=options.get("resource_key"),
             lock_ttl_s=options.get("lock_ttl_s", 30.0),
+            concurrency_key=options.get("concurrency_key"),
+            concurrency_limit=options.get("concurrency_limit"),
             max_defer_s=options.get("max_defer_s", 3600.0),
             dedup_window_s=0.0,
         )

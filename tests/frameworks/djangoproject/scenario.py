@@ -51,6 +51,28 @@ elif sys.argv[1] == "tasks":
         first = refund.enqueue(order_id=501)
     second = refund.enqueue(501)  # the same operation again (a duplicate request)
     print(json.dumps({"jobs": len(app.jobs()), "ids": [first.id, second.id]}))
+elif sys.argv[1] == "limits":
+    from shop.tasks import restock
+
+    from jobguard.contrib.django.tasks import guarded
+    from jobguard.exceptions import ConfigurationError
+
+    stored = [app.get_job(int(restock.enqueue(sku=sku).id)) for sku in ("a", "b")]
+    refused = []
+    half, zero = {"concurrency_key": "dock"}, {"concurrency_key": "dock", "concurrency_limit": 0}
+    for options in (half, zero):
+        try:
+            guarded(operation_key="x", **options)
+        except ConfigurationError as exc:
+            refused.append(str(exc))
+    print(
+        json.dumps(
+            {
+                "limits": [[job.concurrency_key, job.concurrency_limit] for job in stored],
+                "refused": refused,
+            }
+        )
+    )
 elif sys.argv[1] == "task-results":
     from shop.tasks import refund
 

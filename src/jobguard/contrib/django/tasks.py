@@ -13,7 +13,8 @@ Works with ``django.tasks`` (Django 6) and with its backport ``django_tasks``::
 
 ``ship.enqueue(order_id=7)`` inside ``transaction.atomic()`` on the store's database is written in
 that transaction (the job exists if and only if it commits). Options the framework cannot
-express (operation and resource keys) come from :func:`guarded` on the same function.
+express (operation, resource and concurrency keys) come from :func:`guarded` on the same
+function.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from jobguard.contrib.django.store import store_alias
+from jobguard.core import checks
 from jobguard.core.keys import render_key
 from jobguard.exceptions import ConfigurationError, NotFoundError
 from jobguard.models import Job, JobStatus
@@ -65,7 +67,11 @@ _running = threading.local()
 
 
 def guarded(
-    *, operation_key: str | None = None, resource_key: str | None = None
+    *,
+    operation_key: str | None = None,
+    resource_key: str | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[F], F]:
     """jobguard's options for a Django task function (put it under ``@task()``).
 
@@ -74,12 +80,24 @@ def guarded(
             memoised under it, and a second job of the same operation does not redo the work.
         resource_key: The resource locked while it runs (fenced writes), e.g.
             ``"order:{order_id}"``.
+        concurrency_key: The key template whose runs share ``concurrency_limit`` slots, e.g.
+            ``"carrier:{carrier}"``; given with ``concurrency_limit``.
+        concurrency_limit: How many runs of one concurrency key may run at once (1 to 1000).
     """
+    if (concurrency_key is None) != (concurrency_limit is None):
+        raise ConfigurationError(
+            "guarded(): concurrency_key and concurrency_limit are given together "
+            f"(got concurrency_key={concurrency_key!r}, concurrency_limit={concurrency_limit!r})"
+        )
+    if concurrency_limit is not None:
+        checks.concurrency_limit("concurrency_limit", concurrency_limit)
 
     def mark(fn: F) -> F:
         fn.__jobguard__ = {  # type: ignore[attr-defined]
             "operation_key": operation_key,
             "resource_key": resource_key,
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
         }
         return fn
 
@@ -145,9 +163,11 @@ class JobguardBackend(BaseTaskBackend):
         arguments = _bound(task, list(args), dict(kwargs))
         options: dict[str, Any] = {"queue": task.queue_name, "priority": task.priority}
         marks = getattr(task.func, "__jobguard__", {})
-        for name in ("operation_key", "resource_key"):
+        for name in ("operation_key", "resource_key", "concurrency_key"):
             if marks.get(name):
                 options[name] = render_key(marks[name], arguments)
+        if marks.get("concurrency_limit") is not None:
+            options["concurrency_limit"] = marks["concurrency_limit"]
         if task.run_after is not None:
             options["delay_s"] = max(0.0, (task.run_after - timezone.now()).total_seconds())
         django_connection = connections[store_alias()]

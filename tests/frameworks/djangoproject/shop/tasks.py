@@ -1,4 +1,5 @@
-"""Django tasks (``@task``) run by jobguard's workers, with jobguard's operation key."""
+"""Django tasks (``@task``) run by jobguard's workers, with jobguard's operation key (and, for
+restocking, a concurrency limit: one delivery at the dock at a time)."""
 
 from django_tasks import task
 
@@ -18,3 +19,9 @@ def record_payment(_conn: None, order_id: int) -> int:
 def refund(order_id: int) -> int:
     ctx = current_context()
     return ctx.db_step("refund", record_payment, order_id, on=DjangoSteps())
+
+
+@task()
+@guarded(operation_key="restock:{sku}", concurrency_key="dock", concurrency_limit=1)
+def restock(sku: str) -> str:
+    return sku
