@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from jobguard.diagnostics import Severity, diagnose, read_snapshot
+from jobguard.models import Attempt
 from tests.hosts import workload
 from tests.support import stores
 from tests.support.procs import REPO_ROOT
@@ -300,3 +303,27 @@ def assert_doctor_judges_the_host_limit(store_url: str, host: str, limit_s: floa
         assert durations.host_outlasted > 0
     else:
         assert "host_timeout" not in {setting for _, setting in settings}
+
+
+def use_env(
+    store_url: str,
+    broker_url: str,
+    tmp: Path,
+    mp: pytest.MonkeyPatch,
+    slow_every: int = 1000,
+) -> dict[str, str]:
+    """The workers' environment of a test (:func:`workload.worker_env`, its event log in
+    ``tmp``), also set in this process, which sends the tasks and reads the log."""
+    env = workload.worker_env(store_url, tmp / "events.log", broker_url, slow_every)
+    for name in ("HOSTQ_STORE", "HOSTQ_LOG", "HOSTQ_BROKER", "HOSTQ_SLOW_EVERY"):
+        mp.setenv(name, env[name])
+    return env
+
+
+def attempts_of(store_url: str, operation_key: str | None = None) -> list[Attempt]:
+    """The attempt log of one operation, or the latest thousand attempts."""
+    backend = stores.open_backend(store_url)
+    try:
+        return backend.attempts(operation_key=operation_key, limit=1000)
+    finally:
+        backend.close()

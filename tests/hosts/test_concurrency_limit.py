@@ -5,35 +5,18 @@ is handed back to the host uncharged and runs later (every host, its real worker
 from __future__ import annotations
 
 import itertools
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from jobguard.models import Attempt, Outcome
+from jobguard.models import Outcome
 from tests.hosts import workload
 from tests.hosts.hosts import HOSTS
-from tests.hosts.run import start_worker, stop_workers
-from tests.support import stores
+from tests.hosts.run import attempts_of, start_worker, stop_workers, use_env
+from tests.support.procs import wait_until
 
 ORDERS = range(1, 5)
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def attempts_of(store_url: str) -> list[Attempt]:
-    backend = stores.open_backend(store_url)
-    try:
-        return backend.attempts(limit=1000)
-    finally:
-        backend.close()
 
 
 @pytest.mark.parametrize(
@@ -44,10 +27,7 @@ def attempts_of(store_url: str) -> list[Attempt]:
 def test_a_concurrency_limit_of_one_runs_a_guarded_tasks_orders_one_at_a_time(
     host_name: str, store_url: str, broker_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = tmp_path / "events.log"
-    env = workload.worker_env(store_url, log, broker_url, slow_every=1000)
-    for name in ("HOSTQ_STORE", "HOSTQ_LOG", "HOSTQ_BROKER", "HOSTQ_SLOW_EVERY"):
-        monkeypatch.setenv(name, env[name])
+    env = use_env(store_url, broker_url, tmp_path, monkeypatch)
     workload.create_tables(store_url)
     host = HOSTS[host_name](broker_url, True)
     # Two workers, each running one task at a time: without the limit, two orders at once.
@@ -55,19 +35,20 @@ def test_a_concurrency_limit_of_one_runs_a_guarded_tasks_orders_one_at_a_time(
     try:
         for order in ORDERS:
             host.send_limited(order)
-        wait_for(
+        wait_until(
             lambda: (
                 workload.every_order_settled(store_url, workload.LIMITED, len(ORDERS))
                 and host.drained()
             ),
-            "the orders settled",
+            timeout_s=120,
+            interval_s=0.1,
         )
     finally:
         stop_workers(workers)
 
     assert workload.effect_counts(store_url, workload.CUTS) == Counter(dict.fromkeys(ORDERS, 1))
     assert workload.dead_orders(store_url, workload.LIMITED) == set()
-    runs = sorted(workload.handler_runs(log), key=lambda run: run.started)
+    runs = sorted(workload.handler_runs(tmp_path / "events.log"), key=lambda run: run.started)
     assert sorted(run.order for run in runs) == list(ORDERS)
     assert all(run.how == "ended" for run in runs)
     assert [(a.order, b.order) for a, b in itertools.pairwise(runs) if b.started < a.ended] == []

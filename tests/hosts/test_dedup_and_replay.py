@@ -18,7 +18,7 @@ import redis
 from jobguard.models import JobStatus, Outcome
 from tests.hosts import workload
 from tests.hosts.hosts import HOSTS
-from tests.hosts.run import start_worker, stop_workers
+from tests.hosts.run import start_worker, stop_workers, use_env
 from tests.support import stores
 from tests.support.procs import REPO_ROOT, entry_point
 
@@ -30,13 +30,6 @@ MODULES = {
     "dramatiq": "tests.hosts.dramatiq_orders",
 }
 PRODUCERS = 8
-
-
-def use_env(store_url: str, broker_url: str, tmp: Path, mp: pytest.MonkeyPatch) -> dict[str, str]:
-    env = workload.worker_env(store_url, tmp / "events.log", broker_url, slow_every=1000)
-    for name in ("HOSTQ_STORE", "HOSTQ_LOG", "HOSTQ_BROKER", "HOSTQ_SLOW_EVERY"):
-        mp.setenv(name, env[name])
-    return env
 
 
 @pytest.mark.parametrize("host_name", sorted(HOSTS))

@@ -6,37 +6,20 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
 
-from jobguard.models import Attempt, Outcome
+from jobguard.models import Outcome
 from tests.hosts import workload
 from tests.hosts.hosts import HOSTS
-from tests.hosts.run import start_worker, stop_workers
-from tests.support import stores
+from tests.hosts.run import attempts_of, start_worker, stop_workers, use_env
+from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.chaos
 
 ORDER = 7
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def attempts_of(store_url: str, key: str) -> list[Attempt]:
-    backend = stores.open_backend(store_url)
-    try:
-        return backend.attempts(operation_key=key)
-    finally:
-        backend.close()
 
 
 @pytest.mark.parametrize(
@@ -47,14 +30,12 @@ def attempts_of(store_url: str, key: str) -> list[Attempt]:
 def test_task_whose_lock_owner_died_continues_from_its_last_step_after_the_lock_ttl(
     host_name: str, store_url: str, broker_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = workload.worker_env(store_url, tmp_path / "events.log", broker_url, slow_every=1)
-    for name in ("HOSTQ_STORE", "HOSTQ_LOG", "HOSTQ_BROKER", "HOSTQ_SLOW_EVERY"):
-        monkeypatch.setenv(name, env[name])
+    env = use_env(store_url, broker_url, tmp_path, monkeypatch, slow_every=1)
     workload.create_tables(store_url)
     host = HOSTS[host_name](broker_url, True)
     first = start_worker(host, env, tmp_path / "first.out")
     host.send(ORDER)
-    wait_for(lambda: workload.effect_counts(store_url, workload.CUTS)[ORDER] == 1, "step 1")
+    wait_until(lambda: workload.effect_counts(store_url, workload.CUTS)[ORDER] == 1, 60, 0.1)
     # The whole worker dies mid-task, and the broker forgets the message: in flight nowhere.
     for pid in workload.running_pids(tmp_path / "events.log"):  # RQ's work-horse: its own session
         os.kill(pid, signal.SIGKILL)
@@ -69,9 +50,10 @@ def test_task_whose_lock_owner_died_continues_from_its_last_step_after_the_lock_
     second = start_worker(host, env, tmp_path / "second.out")
     try:
         host.send(ORDER)  # sent again, as the shop's webhook would
-        wait_for(
+        wait_until(
             lambda: workload.every_order_settled(store_url, workload.TASK, 1) and host.drained(),
-            "the order settled",
+            60,
+            0.1,
         )
     finally:
         stop_workers([first, second])
