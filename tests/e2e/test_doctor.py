@@ -249,8 +249,44 @@ def test_doctor_on_a_healthy_store_reports_nothing_and_exits_0(url: str) -> None
     assert "none: no operation ran on two deliveries at the same time" in human.output
     assert "every timeout leaves room above the slowest runs" in human.output
     assert "no error repeated" in human.output
+    assert "no job has a concurrency limit" in human.output
     assert "doctor: no problems found" in human.output
     assert "warning" not in human.output
+
+
+def test_doctor_shows_how_long_jobs_waited_for_the_slots_of_a_concurrency_key(url: str) -> None:
+    """Three jobs of one concurrency key with a limit of one, on a worker with three threads:
+    two find the slot held and wait for it, uncharged; the doctor counts those slot-busy
+    deferrals per key and task, with the key's limit, and finds no problem in them."""
+    app = App(url)
+
+    @app.task(name="dock", concurrency_key="dock:{site}", concurrency_limit=1, backoff_base_s=0.05)
+    def dock(ctx: Context, site: str, n: int) -> None:
+        time.sleep(0.2)
+
+    try:
+        dock.enqueue_many([{"site": "north", "n": n} for n in range(3)])
+        assert drain(app, concurrency=3)[JobStatus.COMPLETED] == 3
+    finally:
+        app.close()
+
+    code, report = doctor_json(url)
+
+    assert code == 0
+    assert report["problems"] == []
+    [use] = report["slots"]
+    assert (use["concurrency_key"], use["limit"], use["task"], use["jobs"]) == (
+        "dock:north",
+        1,
+        "dock",
+        3,
+    )
+    assert use["deferrals"] >= 2
+    assert use["wait_s"] > 0
+    assert use["longest_holder"] == "dock"
+    human = doctor(url)
+    assert "Concurrency limits" in human.output
+    assert "dock:north" in human.output
 
 
 def test_doctor_reports_poison_and_a_retry_spike_as_warnings_with_exit_0(url: str) -> None:

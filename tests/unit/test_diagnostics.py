@@ -36,6 +36,7 @@ from jobguard.diagnostics.resources import (
     find_resource_overlaps,
     resource_findings,
     resource_use,
+    slot_use,
 )
 from jobguard.diagnostics.retries import retry_rates
 from jobguard.diagnostics.snapshot import attempt_in_scope
@@ -1016,6 +1017,40 @@ def test_a_short_task_waiting_behind_another_tasks_long_hold_is_starved() -> Non
         "touch",
         ("ledger:1",),
     )
+
+
+def test_slot_contention_counts_slot_busy_deferrals_per_concurrency_key_and_task() -> None:
+    """The same contention for concurrency keys, from the deferrals that found every slot
+    held (not those of a busy resource lock); the key's limit is the smallest its jobs were
+    enqueued with."""
+    slotted = {"concurrency_key": "api:acme"}
+    jobs = {
+        1: job(id=1, task="sync", concurrency_limit=2, **slotted),
+        2: job(id=2, task="sync", concurrency_limit=1, **slotted),
+        3: job(id=3, task="touch", concurrency_limit=1, resource_key="ledger:1", **slotted),
+        4: job(id=4, task="plain"),
+    }
+    slot_busy = {
+        "outcome": Outcome.DEFERRED,
+        "error_type": "ResourceBusy",
+        "error_message": "concurrency limit reached: 1 running for api:acme",
+    }
+    attempts = [
+        attempt(job_id=1, task="sync", started_at=T0, ended_at=T0 + 2, duration_s=2.0),
+        attempt(job_id=2, task="sync", started_at=T0, ended_at=T0 + 0.001, **slot_busy),
+        attempt(job_id=2, task="sync", started_at=T0 + 2, ended_at=T0 + 3, duration_s=1.0),
+        _busy(3, T0 + 0.5),  # its resource lock was busy: not a slot's deferral
+        attempt(job_id=3, task="touch", started_at=T0 + 4, ended_at=T0 + 4.5, duration_s=0.5),
+        attempt(job_id=4, task="plain", started_at=T0, ended_at=T0 + 1, duration_s=1.0),
+    ]
+    uses = {(u.concurrency_key, u.task): u for u in slot_use(attempts, jobs, T0 + 10)}
+    assert set(uses) == {("api:acme", "sync"), ("api:acme", "touch")}
+    sync = uses[("api:acme", "sync")]
+    assert (sync.limit, sync.jobs, sync.deferrals, sync.longest_holder) == (1, 2, 1, "sync")
+    assert sync.wait_s == pytest.approx(2.0)
+    assert sync.run_s == pytest.approx(3.0)
+    assert sync.longest_hold_s == pytest.approx(2.0)
+    assert (uses[("api:acme", "touch")].deferrals, uses[("api:acme", "touch")].wait_s) == (0, 0)
 
 
 def test_a_resource_overlap_needs_a_first_delivery_that_lost_its_lock() -> None:

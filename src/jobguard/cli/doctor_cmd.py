@@ -1,5 +1,5 @@
-"""``jobguard doctor``: overlaps, resources, durations against timeouts, failures, crash loops,
-unstable keys and an audit (G10.2-G10.5), ending with the findings.
+"""``jobguard doctor``: overlaps, resources, concurrency limits, durations against timeouts,
+failures, crash loops, unstable keys and an audit (G10.2-G10.5), ending with the findings.
 
 Exit code 1 when a finding is a problem, 0 otherwise; warnings and hints are printed but do not
 change the exit code.
@@ -169,6 +169,10 @@ def _print_retries(out: Console, diagnosis: Diagnosis) -> None:
     )
 
 
+def _longest(holder: str | None, hold_s: float) -> str:
+    return f"{holder} ({duration(hold_s)})" if holder else "-"
+
+
 def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
     _heading(out, "Resource locks")
     uses = [u for u in diagnosis.resources if u.deferrals or u.starved]
@@ -189,9 +193,7 @@ def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
                         u.deferrals,
                         duration(u.wait_s),
                         duration(u.run_s),
-                        f"{u.longest_holder} ({duration(u.longest_hold_s)})"
-                        if u.longest_holder
-                        else "-",
+                        _longest(u.longest_holder, u.longest_hold_s),
                     ]
                     for u in uses[:RESOURCE_ROWS]
                 ),
@@ -211,6 +213,36 @@ def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
         out.print(_run_line("first", overlap.first))
         out.print(_run_line("second", overlap.second))
         out.print(safe_text(f"  likely cause: {overlap.cause}"))
+
+
+def _print_slots(out: Console, diagnosis: Diagnosis) -> None:
+    _heading(out, "Concurrency limits")
+    uses = [u for u in diagnosis.slots if u.deferrals]
+    if not diagnosis.slots:
+        out.print("  no job has a concurrency limit")
+        return
+    if not uses:
+        out.print("  no slot-busy deferral")
+        return
+    out.print(
+        table(
+            f"the {RESOURCE_ROWS} most deferred concurrency keys and tasks",
+            ["key", "limit", "task", "jobs", "deferrals", "waited", "ran", "longest holder"],
+            (
+                [
+                    u.concurrency_key,
+                    dash(u.limit),
+                    u.task,
+                    u.jobs,
+                    u.deferrals,
+                    duration(u.wait_s),
+                    duration(u.run_s),
+                    _longest(u.longest_holder, u.longest_hold_s),
+                ]
+                for u in uses[:RESOURCE_ROWS]
+            ),
+        )
+    )
 
 
 def _print_audit(out: Console, audit: Audit, crashed: Collection[str]) -> None:
@@ -247,6 +279,7 @@ def _print(diagnosis: Diagnosis) -> None:
     out.print(safe_text(f"doctor: {diagnosis.attempts} attempts of {scope}, {since}", style="bold"))
     _print_overlaps(out, diagnosis.overlaps)
     _print_resources(out, diagnosis)
+    _print_slots(out, diagnosis)
     _print_durations(out, diagnosis.durations)
     _print_retries(out, diagnosis)
     crashed = {key for loop in diagnosis.crash_loops for key in loop.operation_keys}

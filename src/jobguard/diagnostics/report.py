@@ -27,10 +27,12 @@ from jobguard.diagnostics.poison import ErrorGroup, poison_findings, repeated_er
 from jobguard.diagnostics.resources import (
     ResourceOverlap,
     ResourceUse,
+    SlotUse,
     fence_refusals,
     find_resource_overlaps,
     resource_findings,
     resource_use,
+    slot_use,
 )
 from jobguard.diagnostics.retries import TaskRetries, retry_rates, spike_findings
 from jobguard.diagnostics.snapshot import Snapshot
@@ -54,6 +56,8 @@ class Diagnosis:
             resource lock.
         resources: Per resource key and task, lock-busy deferrals, wait against run time and
             the task that holds the lock longest.
+        slots: Per concurrency key and task, slot-busy deferrals, wait against run time and
+            the task that holds a slot longest.
         durations: G10.3, per task, the duration distribution against its timeouts, with advice.
         retries: G10.4, per task, retry and failure rates and spikes.
         errors: G10.4, the errors that repeat most, with poison candidates.
@@ -76,6 +80,7 @@ class Diagnosis:
     overlaps: tuple[Overlap, ...]
     resource_overlaps: tuple[ResourceOverlap, ...]
     resources: tuple[ResourceUse, ...]
+    slots: tuple[SlotUse, ...]
     durations: tuple[TaskDurations, ...]
     retries: tuple[TaskRetries, ...]
     errors: tuple[ErrorGroup, ...]
@@ -148,6 +153,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
         overlaps=tuple(overlaps),
         resource_overlaps=tuple(resource_overlaps),
         resources=tuple(resources),
+        slots=tuple(slot_use(attempts, jobs, snapshot.now)),
         durations=tuple(durations),
         retries=tuple(retries),
         errors=tuple(errors),

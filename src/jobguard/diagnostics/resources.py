@@ -1,4 +1,5 @@
-"""Resource locks seen from the attempt log: contention, starvation, overlaps, stale fences.
+"""Resource locks (and concurrency slots) seen from the attempt log: contention, starvation,
+overlaps, stale fences.
 
 A job's ``resource_key`` names the lock its deliveries take. Per resource key and task:
 
@@ -17,12 +18,16 @@ A job's ``resource_key`` names the lock its deliveries take. Per resource key an
   delivery's row ends when its lease was taken over, not when it stopped running;
 * **stale fences**: ``fence_refused`` deliveries, which lost their lock while running. Their
   ``db_step`` writes were refused, but effects outside ``db_step`` may have run twice.
+
+A job's ``concurrency_key`` names the slots its deliveries take (one of ``concurrency_limit``):
+per concurrency key and task, the same contention is measured from slot-busy deferrals
+(:func:`slot_use`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from jobguard.core import messages
@@ -33,6 +38,9 @@ from jobguard.models import Attempt, BusyReason, Job, Outcome
 BUSY = "ResourceBusy"
 # A deferral for a busy lock, not for an operation claimed by another delivery.
 LOCK_BUSY = messages.busy(BusyReason.LOCK, "", None)
+# A deferral for a concurrency key whose every slot is held (the message goes on with the
+# limit and the key).
+SLOT_BUSY = messages.busy(BusyReason.SLOT, None, None).split(":")[0]
 # Refused after it ran on without its lock: only such a delivery proves it held a lock that
 # another delivery was granted.
 RAN_ON = frozenset({Outcome.FENCE_REFUSED, Outcome.LEASE_REFUSED})
@@ -63,6 +71,40 @@ class ResourceUse:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotUse:
+    """How one task's jobs used and waited for the slots of one concurrency key."""
+
+    concurrency_key: str
+    limit: int | None
+    """The key's concurrency limit, the smallest its jobs were enqueued with."""
+    task: str
+    jobs: int
+    deferrals: int
+    """Slot-busy deferrals of these jobs."""
+    wait_s: float
+    """Time the jobs waited for a slot, summed."""
+    run_s: float
+    """Time the handler ran, summed over the runs that reported a duration."""
+    longest_holder: str | None
+    """The task whose run under this key was the longest (``None``: no measured run)."""
+    longest_hold_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Contention:
+    """One key and task: what :class:`ResourceUse` and :class:`SlotUse` report."""
+
+    key: str
+    task: str
+    jobs: int
+    deferrals: int
+    wait_s: float
+    runs: list[float]
+    longest_holder: str | None
+    longest_hold_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class ResourceOverlap:
     """Two deliveries of different operations that ran at once under one resource key."""
 
@@ -77,12 +119,19 @@ class ResourceOverlap:
     cause: str
 
 
-def _lock_busy(attempt: Attempt) -> bool:
-    return (
-        attempt.outcome == Outcome.DEFERRED
-        and attempt.error_type == BUSY
-        and (attempt.error_message or "").startswith(LOCK_BUSY)
-    )
+def _busy_with(prefix: str) -> Callable[[Attempt], bool]:
+    def busy(attempt: Attempt) -> bool:
+        return (
+            attempt.outcome == Outcome.DEFERRED
+            and attempt.error_type == BUSY
+            and (attempt.error_message or "").startswith(prefix)
+        )
+
+    return busy
+
+
+_lock_busy = _busy_with(LOCK_BUSY)
+_slot_busy = _busy_with(SLOT_BUSY)
 
 
 def _measured(attempt: Attempt) -> bool:
@@ -91,18 +140,64 @@ def _measured(attempt: Attempt) -> bool:
     )
 
 
-def _holds(
-    attempts: Iterable[Attempt], jobs: Mapping[int, Job]
-) -> dict[str, dict[str, list[float]]]:
-    """Measured run durations by resource key, then task."""
+KeyOf = Callable[[Job], str | None]
+
+
+def _contention(
+    attempts: Iterable[Attempt],
+    jobs: Mapping[int, Job],
+    now: float,
+    key_of: KeyOf,
+    busy: Callable[[Attempt], bool],
+) -> list[_Contention]:
+    """Per key (``key_of`` a job: its resource or concurrency key) and task: the jobs, their
+    ``busy`` deferrals, how long they waited (from their first delivery to the first that ran,
+    or to now), the measured runs, and the task that held the key longest; most deferred
+    first."""
+    attempts = sorted(attempts, key=lambda a: (a.started_at, a.id))
     holds: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    per_job: dict[int, list[Attempt]] = defaultdict(list)
     for attempt in attempts:
         job = jobs.get(attempt.job_id)
-        if job is None or job.resource_key is None or attempt.duration_s is None:
+        key = key_of(job) if job is not None else None
+        if key is None:
             continue
-        if _measured(attempt) and attempt.outcome != Outcome.RUNNING:
-            holds[job.resource_key][attempt.task].append(attempt.duration_s)
-    return holds
+        per_job[attempt.job_id].append(attempt)
+        measured = _measured(attempt) and attempt.outcome != Outcome.RUNNING
+        if measured and attempt.duration_s is not None:
+            holds[key][attempt.task].append(attempt.duration_s)
+    groups: dict[tuple[str, str], dict[str, float]] = defaultdict(
+        lambda: {"jobs": 0, "deferrals": 0, "wait_s": 0.0}
+    )
+    for job_id, job_attempts in per_job.items():
+        job = jobs[job_id]
+        group = groups[(key_of(job) or "", job.task)]
+        group["jobs"] += 1
+        deferred = [a for a in job_attempts if busy(a)]
+        group["deferrals"] += len(deferred)
+        if deferred:
+            ran = next((a for a in job_attempts if _measured(a)), None)
+            group["wait_s"] += (ran.started_at if ran else now) - job_attempts[0].started_at
+    found: list[_Contention] = []
+    for (key, task), group in groups.items():
+        by_task = holds.get(key, {})
+        longest = max(
+            ((max(values), name) for name, values in by_task.items() if values), default=None
+        )
+        found.append(
+            _Contention(
+                key=key,
+                task=task,
+                jobs=int(group["jobs"]),
+                deferrals=int(group["deferrals"]),
+                wait_s=group["wait_s"],
+                runs=by_task.get(task, []),
+                longest_holder=longest[1] if longest else None,
+                longest_hold_s=longest[0] if longest else 0.0,
+            )
+        )
+    found.sort(key=lambda c: (-c.deferrals, -c.wait_s, c.key, c.task))
+    return found
 
 
 def resource_use(
@@ -115,58 +210,55 @@ def resource_use(
         jobs: Jobs by id: their ``resource_key`` says which lock each attempt needed.
         now: The store clock; a job still waiting has waited until now.
     """
-    attempts = sorted(attempts, key=lambda a: (a.started_at, a.id))
-    holds = _holds(attempts, jobs)
-    per_job: dict[int, list[Attempt]] = defaultdict(list)
-    for attempt in attempts:
-        job = jobs.get(attempt.job_id)
-        if job is not None and job.resource_key is not None:
-            per_job[attempt.job_id].append(attempt)
-    groups: dict[tuple[str, str], dict[str, float]] = defaultdict(
-        lambda: {"jobs": 0, "deferrals": 0, "wait_s": 0.0}
-    )
-    for job_id, job_attempts in per_job.items():
-        job = jobs[job_id]
-        assert job.resource_key is not None
-        group = groups[(job.resource_key, job.task)]
-        group["jobs"] += 1
-        busy = [a for a in job_attempts if _lock_busy(a)]
-        group["deferrals"] += len(busy)
-        if busy:
-            ran = next((a for a in job_attempts if _measured(a)), None)
-            group["wait_s"] += (ran.started_at if ran else now) - job_attempts[0].started_at
     found: list[ResourceUse] = []
-    for (key, task), group in groups.items():
-        by_task = holds.get(key, {})
-        runs = by_task.get(task, [])
-        longest = max(
-            ((max(values), name) for name, values in by_task.items() if values), default=None
-        )
-        run_s = sum(runs)
-        wait_s = group["wait_s"]
+    for c in _contention(attempts, jobs, now, lambda job: job.resource_key, _lock_busy):
+        run_s = sum(c.runs)
         starved = (
-            longest is not None
-            and longest[1] != task
-            and group["deferrals"] >= STARVED_MIN_DEFERRALS
-            and wait_s >= STARVED_MIN_WAIT_S
-            and wait_s >= STARVED_RATIO * run_s
+            c.longest_holder is not None
+            and c.longest_holder != c.task
+            and c.deferrals >= STARVED_MIN_DEFERRALS
+            and c.wait_s >= STARVED_MIN_WAIT_S
+            and c.wait_s >= STARVED_RATIO * run_s
         )
         found.append(
             ResourceUse(
-                resource_key=key,
-                task=task,
-                jobs=int(group["jobs"]),
-                deferrals=int(group["deferrals"]),
-                wait_s=wait_s,
+                resource_key=c.key,
+                task=c.task,
+                jobs=c.jobs,
+                deferrals=c.deferrals,
+                wait_s=c.wait_s,
                 run_s=run_s,
-                max_hold_s=max(runs, default=0.0),
-                longest_holder=longest[1] if longest else None,
-                longest_hold_s=longest[0] if longest else 0.0,
+                max_hold_s=max(c.runs, default=0.0),
+                longest_holder=c.longest_holder,
+                longest_hold_s=c.longest_hold_s,
                 starved=starved,
             )
         )
-    found.sort(key=lambda u: (-u.deferrals, -u.wait_s, u.resource_key, u.task))
     return found
+
+
+def slot_use(attempts: Iterable[Attempt], jobs: Mapping[int, Job], now: float) -> list[SlotUse]:
+    """Contention per concurrency key and task, most deferred first (as :func:`resource_use`,
+    from slot-busy deferrals: every slot of the key was held)."""
+    limits: dict[str, int] = {}
+    for job in jobs.values():
+        if job.concurrency_key is not None and job.concurrency_limit is not None:
+            known = limits.get(job.concurrency_key, job.concurrency_limit)
+            limits[job.concurrency_key] = min(known, job.concurrency_limit)
+    return [
+        SlotUse(
+            concurrency_key=c.key,
+            limit=limits.get(c.key),
+            task=c.task,
+            jobs=c.jobs,
+            deferrals=c.deferrals,
+            wait_s=c.wait_s,
+            run_s=sum(c.runs),
+            longest_holder=c.longest_holder,
+            longest_hold_s=c.longest_hold_s,
+        )
+        for c in _contention(attempts, jobs, now, lambda job: job.concurrency_key, _slot_busy)
+    ]
 
 
 def _cause(first: Run, second: Run, job: Job | None) -> str:
