@@ -28,6 +28,7 @@ from jobguard.cli.state import CliState
 from jobguard.core import checks
 from jobguard.core.text import utc_text
 from jobguard.diagnostics import Audit, Diagnosis, Overlap, Run, Severity, TaskDurations
+from jobguard.diagnostics.resources import ResourceUse, SlotUse
 from jobguard.diagnostics.retries import RECENT_RUNS
 
 RESOURCE_ROWS = 10
@@ -169,8 +170,11 @@ def _print_retries(out: Console, diagnosis: Diagnosis) -> None:
     )
 
 
-def _longest(holder: str | None, hold_s: float) -> str:
-    return f"{holder} ({duration(hold_s)})" if holder else "-"
+def _contention_cells(u: ResourceUse | SlotUse) -> list[object]:
+    """What a row of the resource locks and the concurrency limits tables share: task, jobs,
+    deferrals, waited, ran, and the longest holder."""
+    longest = f"{u.longest_holder} ({duration(u.longest_hold_s)})" if u.longest_holder else "-"
+    return [u.task, u.jobs, u.deferrals, duration(u.wait_s), duration(u.run_s), longest]
 
 
 def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
@@ -185,18 +189,7 @@ def _print_resources(out: Console, diagnosis: Diagnosis) -> None:
             table(
                 f"the {RESOURCE_ROWS} most deferred resource keys and tasks",
                 ["resource", "task", "jobs", "deferrals", "waited", "ran", "longest holder"],
-                (
-                    [
-                        u.resource_key,
-                        u.task,
-                        u.jobs,
-                        u.deferrals,
-                        duration(u.wait_s),
-                        duration(u.run_s),
-                        _longest(u.longest_holder, u.longest_hold_s),
-                    ]
-                    for u in uses[:RESOURCE_ROWS]
-                ),
+                ([u.resource_key, *_contention_cells(u)] for u in uses[:RESOURCE_ROWS]),
             )
         )
     if not diagnosis.resource_overlaps:
@@ -229,16 +222,7 @@ def _print_slots(out: Console, diagnosis: Diagnosis) -> None:
             f"the {RESOURCE_ROWS} most deferred concurrency keys and tasks",
             ["key", "limit", "task", "jobs", "deferrals", "waited", "ran", "longest holder"],
             (
-                [
-                    u.concurrency_key,
-                    dash(u.limit),
-                    u.task,
-                    u.jobs,
-                    u.deferrals,
-                    duration(u.wait_s),
-                    duration(u.run_s),
-                    _longest(u.longest_holder, u.longest_hold_s),
-                ]
+                [u.concurrency_key, dash(u.limit), *_contention_cells(u)]
                 for u in uses[:RESOURCE_ROWS]
             ),
         )
