@@ -1088,6 +1088,26 @@ def test_a_resource_overlap_needs_a_first_delivery_that_lost_its_lock() -> None:
     assert kinds == [Kind.RESOURCE_OVERLAP, Kind.FENCE_REFUSED]
 
 
+def test_a_fence_refusal_names_the_resource_and_the_concurrency_key_its_jobs_held() -> None:
+    """A fence guards a lock and a slot alike: the finding names each job's resource key and
+    concurrency key, not a resource that is not there."""
+    jobs = {
+        1: job(id=1, task="t", resource_key="order:1"),
+        2: job(id=2, task="t", concurrency_key="api:acme", concurrency_limit=2),
+    }
+    refused = [
+        attempt(job_id=job_id, task="t", fence=1, outcome=Outcome.FENCE_REFUSED)
+        for job_id in (1, 2)
+    ]
+    [finding] = resource_findings([], [], fence_refusals(refused), jobs)
+    assert finding.kind == Kind.FENCE_REFUSED
+    assert "lost its lock or slot" in finding.summary
+    assert "resource(s) order:1; concurrency key(s) api:acme" in finding.summary
+    [only_lock] = resource_findings([], [], fence_refusals(refused[:1]), jobs)
+    assert "lost the resource lock" in only_lock.summary
+    assert only_lock.summary.endswith("(job(s) 1, resource(s) order:1)")
+
+
 def test_completions_with_fewer_steps_than_usual_are_named() -> None:
     """The usual step count is the most common among completions; fewer is short; a task whose
     completions vary half and half, or with too few completions, is not judged."""

@@ -366,7 +366,14 @@ def resource_findings(
         by_task[attempt.task].append(attempt)
     for task, members in sorted(by_task.items()):
         job_ids = tuple(sorted({a.job_id for a in members}))
-        resources = tuple(sorted({k for j in job_ids if j in jobs and (k := jobs[j].resource_key)}))
+        known = [jobs[j] for j in job_ids if j in jobs]
+        resources = tuple(sorted({k for job in known if (k := job.resource_key)}))
+        slots = tuple(sorted({k for job in known if (k := job.concurrency_key)}))
+        # A fence guards a resource lock and a concurrency slot alike: name what the jobs held.
+        held = [
+            *([f"resource(s) {', '.join(resources)}"] if resources else []),
+            *([f"concurrency key(s) {', '.join(slots)}"] if slots else []),
+        ]
         found.append(
             Finding(
                 kind=Kind.FENCE_REFUSED,
@@ -374,9 +381,10 @@ def resource_findings(
                 task=task,
                 summary=(
                     f"task {task}: {len(members)} "
-                    f"{'delivery' if len(members) == 1 else 'deliveries'} lost the resource "
-                    f"lock while running and had a write refused by its fence (job(s) "
-                    f"{ids(job_ids)}, resource(s) {', '.join(resources) or '?'})"
+                    f"{'delivery' if len(members) == 1 else 'deliveries'} lost "
+                    f"{'its lock or slot' if slots else 'the resource lock'} while running and "
+                    f"had a write refused by its fence (job(s) {ids(job_ids)}, "
+                    f"{'; '.join(held) or 'resource(s) ?'})"
                 ),
                 advice=(
                     "their db_step writes were refused, but effects outside db_step (an email, "
