@@ -10,7 +10,7 @@ import subprocess
 import textwrap
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -23,7 +23,7 @@ from jobguard.backends.base import DeliveryRules, Prepared
 from jobguard.backends.sqlite import SQLiteBackend
 from jobguard.backends.sqlite.connection import _wrap
 from jobguard.exceptions import StoreBrokenError
-from tests.support import pg
+from tests.support import stores
 from tests.support.procs import clean_env, entry_point, wait_until
 
 TASKS = textwrap.dedent(
@@ -182,46 +182,58 @@ def test_a_burst_worker_on_a_store_that_turned_read_only_stops_instead_of_loopin
     os.sync()
 
 
-def drop_schema_and_wait(proc: subprocess.Popen[str], url: str) -> None:
-    """Drop the store's PostgreSQL schema; the process must then stop with exit 3 and say why,
-    not retry an outage that never passes."""
-    schema = parse_qs(urlsplit(url).query)["schema"][0]
-    with psycopg.connect(url.split("?", maxsplit=1)[0], autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    stopped_saying(
-        proc,
-        "error: store unavailable: PostgreSQL read failed",
-        f"jobguard's schema {schema!r} was dropped or changed while in use",
-    )
+def drop_jobguard_tables(url: str) -> None:
+    """Take jobguard's tables from under the store: drop its PostgreSQL schema, or the SQLite
+    file's jobs and schedules tables (the file itself stays)."""
+    if stores.kind_of(url) == "postgres":
+        schema = parse_qs(urlsplit(url).query)["schema"][0]
+        with psycopg.connect(url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        return
+    with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+        conn.execute("DROP TABLE jobs")
+        conn.execute("DROP TABLE schedules")
+        conn.commit()
 
 
-def test_a_worker_whose_postgresql_schema_is_dropped_stops_with_exit_3(tmp_path: Path) -> None:
-    url = pg.fresh_store_url(pg.session_database())
-    with running(tmp_path, "worker", url) as proc:
+def drop_tables_and_wait(proc: subprocess.Popen[str], url: str) -> None:
+    """Drop jobguard's tables; the process must then stop with exit 3 and say why, not retry
+    an outage that never passes."""
+    drop_jobguard_tables(url)
+    stopped_saying(proc, "error: store unavailable: ", "was dropped or changed while in use")
+
+
+def test_a_worker_whose_tables_are_dropped_stops_with_exit_3(
+    tmp_path: Path, store_url: str
+) -> None:
+    with running(tmp_path, "worker", store_url) as proc:
         assert proc.stderr is not None
         assert "on queues" in proc.stderr.readline()
-        drop_schema_and_wait(proc, url)
+        drop_tables_and_wait(proc, store_url)
 
 
-def test_a_scheduler_whose_postgresql_schema_is_dropped_stops_with_exit_3(tmp_path: Path) -> None:
-    url = pg.fresh_store_url(pg.session_database())
-    with running(tmp_path, "scheduler", url) as proc:
+def test_a_scheduler_whose_tables_are_dropped_stops_with_exit_3(
+    tmp_path: Path, store_url: str
+) -> None:
+    with running(tmp_path, "scheduler", store_url) as proc:
         assert proc.stderr is not None
         assert proc.stderr.readline().startswith("scheduler ")
-        app = App(url)
+        app = App(store_url)
         try:
             wait_until(lambda: any(s.name == "tasks.hourly" for s in app.backend.schedule_states()))
         finally:
             app.close()
-        drop_schema_and_wait(proc, url)
+        drop_tables_and_wait(proc, store_url)
 
 
-def test_on_postgresql_a_missing_table_of_a_steps_own_sql_is_its_error_not_a_broken_store() -> None:
-    """Only jobguard's own statements meeting a dropped schema break the store: a step whose
+def test_a_missing_table_of_a_steps_own_sql_is_its_error_not_a_broken_store(
+    store_url: str,
+) -> None:
+    """Only jobguard's own statements meeting its dropped tables break the store: a step whose
     SQL names a table that does not exist fails its job with ``StepSQLError`` and the worker
-    goes on; once the schema is dropped, each way jobguard writes or reads says it is broken."""
-    url = pg.fresh_store_url(pg.session_database())
-    app = App(url)
+    goes on; once jobguard's tables are dropped, each way it writes or reads says the store is
+    broken."""
+    app = App(store_url)
     insert = ("INSERT INTO no_such_table VALUES (1)", None)
 
     @app.task(name="writes_nowhere", operation_key="writes-nowhere", max_attempts=1)
@@ -239,14 +251,12 @@ def test_on_postgresql_a_missing_table_of_a_steps_own_sql_is_its_error_not_a_bro
         assert worker.failure is None
         assert [app.get_job(job.id).status for job in jobs] == [JobStatus.DEAD] * 2
         assert {a.error_type for a in app.attempts(limit=10)} == {"StepSQLError"}
-        schema = parse_qs(urlsplit(url).query)["schema"][0]
-        with psycopg.connect(url.split("?", maxsplit=1)[0], autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        drop_jobguard_tables(store_url)
         driver = app.backend.driver
         for use in (
             lambda: driver.write_statement("extend_leases", {"items": []}),
-            lambda: driver.write(lambda tx: tx.one("operation_row", {"key": "k"})),
-            lambda: driver.read(lambda tx: tx.one("operation_row", {"key": "k"})),
+            lambda: driver.write(lambda tx: tx.one("any_ready", {"queues": ["q"], "now": 0.0})),
+            lambda: driver.read(lambda tx: tx.one("any_ready", {"queues": ["q"], "now": 0.0})),
         ):
             with pytest.raises(StoreBrokenError, match="was dropped or changed while in use"):
                 use()

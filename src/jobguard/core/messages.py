@@ -17,6 +17,15 @@ STEP_CANNOT_END_ITS_TRANSACTION = (
 )
 
 
+def schema_lost(failure: str, schema: str) -> str:
+    """Why a store whose tables lost what jobguard's statements name cannot be used: ``failure``
+    (the database's one-line error) and where jobguard's ``schema`` lives."""
+    return (
+        f"{failure}; {schema} was dropped or changed while in use (run `jobguard migrate`, or "
+        "the jobguard version that migrated it)"
+    )
+
+
 def never_reported_back(attempts: int, max_attempts: int) -> str:
     """Why a job whose last allowed delivery died with its worker is in the dead letter queue."""
     return (

@@ -594,9 +594,10 @@ class PostgresDriver:
         if exc.sqlstate in _SCHEMA_GONE_SQLSTATES:
             # The primary message alone: one line, without the statement it quotes.
             return StoreBrokenError(
-                f"PostgreSQL {what} failed: {exc.diag.message_primary or exc}; jobguard's "
-                f"schema {self.schema!r} was dropped or changed while in use (run `jobguard "
-                "migrate`, or the jobguard version that migrated it)"
+                messages.schema_lost(
+                    f"PostgreSQL {what} failed: {exc.diag.message_primary or exc}",
+                    f"jobguard's schema {self.schema!r}",
+                )
             )
         return StoreUnavailableError(f"PostgreSQL {what} failed: {exc}")
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from jobguard.backends.sql.driver import UserCodeError
 from jobguard.backends.sql.schema import migrations_of, pending
+from jobguard.core import messages
 from jobguard.exceptions import ConfigurationError, StoreBrokenError, StoreUnavailableError
 
 T = TypeVar("T")
@@ -381,16 +382,32 @@ def is_outage(exc: sqlite3.Error) -> bool:
     return code & 0xFF in _OUTAGE_CODES
 
 
-def _wrap(exc: BaseException) -> StoreUnavailableError:
+# What jobguard's own statements meet when the file lost tables or columns they name (dropped,
+# or migrated by another jobguard version) while in use. No retry brings them back.
+_SCHEMA_LOST = ("no such table", "no such column", "no such function")
+
+
+def failed(what: str, exc: BaseException) -> StoreUnavailableError:
+    """The error for a failed read or write of jobguard's own statements: the store broken when
+    it cannot be written or lost jobguard's tables (a worker stops on it, saying why), else
+    unavailable (retried)."""
     text = str(exc)
-    if "readonly" in text or "read-only" in text:
+    if what == "write" and ("readonly" in text or "read-only" in text):
         wrapped: StoreUnavailableError = StoreBrokenError(
             f"the SQLite database cannot be written: {exc}"
         )
+    elif isinstance(exc, sqlite3.OperationalError) and text.startswith(_SCHEMA_LOST):
+        wrapped = StoreBrokenError(
+            messages.schema_lost(f"SQLite {what} failed: {exc}", "jobguard's tables in the file")
+        )
     else:
-        wrapped = StoreUnavailableError(f"SQLite write failed: {exc}")
+        wrapped = StoreUnavailableError(f"SQLite {what} failed: {exc}")
     wrapped.__cause__ = exc
     return wrapped
+
+
+def _wrap(exc: BaseException) -> StoreUnavailableError:
+    return failed("write", exc)
 
 
 class ProcessLocal:

@@ -25,6 +25,7 @@ from jobguard.backends.sqlite.connection import (
     ProcessLocal,
     SQLiteOptions,
     conn_path,
+    failed,
     file_uri,
     is_outage,
     migrate,
@@ -237,7 +238,7 @@ class SQLiteDriver:
             return fn(SQLiteTx(self._local.reader(), self._clock))
         except (sqlite3.Error, StoreUnavailableError) as exc:
             self._check_file(deep=True)
-            raise StoreUnavailableError(f"SQLite read failed: {exc}") from exc
+            raise failed("read", exc) from exc
 
     def check_usable(self) -> None:
         """Raise :class:`StoreBrokenError` if the file was deleted or replaced since it was opened.
