@@ -94,15 +94,24 @@ def test_django_tasks_run_on_jobguard(project_env: dict[str, str]) -> None:
     }
 
 
-def test_a_django_tasks_concurrency_limit_is_stored_with_its_jobs(
+def test_a_django_tasks_concurrency_limit_holds_on_a_real_worker(
     project_env: dict[str, str],
 ) -> None:
-    """``guarded(concurrency_key=, concurrency_limit=)`` reaches each job (the worker then
-    holds it to the limit, as for every job); one without the other, or a limit out of range,
-    is refused where it is written."""
+    """``guarded(concurrency_key=, concurrency_limit=)`` reaches each job; a worker with two
+    threads runs the two restocks one at a time (the second waits, uncharged, for the slot) and
+    both complete. One option without the other, or a limit out of range, is refused where it
+    is written."""
     run(project_env, "manage.py", "migrate", "-v", "0")
     limits = json.loads(run(project_env, "scenario.py", "limits"))
     assert limits["limits"] == [["dock", 1], ["dock", 1]]
     assert "given together" in limits["refused"][0]
     assert "concurrency_limit" in limits["refused"][1]
     assert len(limits["refused"]) == 2
+    for _ in range(20):  # a burst worker leaves a job waiting for the slot to a later one
+        run(project_env, "manage.py", "jobguard", "worker", "--burst", "--concurrency", "2")
+        seen = json.loads(run(project_env, "scenario.py", "limit-results"))
+        if seen["status"] == ["completed", "completed"]:
+            break
+    assert seen["status"] == ["completed", "completed"]
+    assert seen["waits"]
+    assert all(w.startswith("concurrency limit reached: 1 running for dock") for w in seen["waits"])

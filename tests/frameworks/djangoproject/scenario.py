@@ -73,6 +73,15 @@ elif sys.argv[1] == "limits":
             }
         )
     )
+elif sys.argv[1] == "limit-results":
+    jobs = [job for job in app.jobs() if '"shop.tasks.restock"' in job.payload]
+    waits = [
+        a.error_message
+        for job in jobs
+        for a in app.attempts(job_id=job.id)
+        if a.outcome.value == "deferred"
+    ]
+    print(json.dumps({"status": sorted(job.status.value for job in jobs), "waits": waits}))
 elif sys.argv[1] == "task-results":
     from shop.tasks import refund
 

@@ -1,6 +1,8 @@
 """Django tasks (``@task``) run by jobguard's workers, with jobguard's operation key (and, for
 restocking, a concurrency limit: one delivery at the dock at a time)."""
 
+import time
+
 from django_tasks import task
 
 from jobguard.contrib.django import DjangoSteps
@@ -24,4 +26,5 @@ def refund(order_id: int) -> int:
 @task()
 @guarded(operation_key="restock:{sku}", concurrency_key="dock", concurrency_limit=1)
 def restock(sku: str) -> str:
+    time.sleep(0.3)  # at the dock a while, so that a second delivery finds the slot held
     return sku
