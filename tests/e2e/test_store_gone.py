@@ -21,7 +21,7 @@ from psycopg import sql
 from jobguard import App, Context, JobStatus
 from jobguard.backends.base import DeliveryRules, Prepared
 from jobguard.backends.sqlite import SQLiteBackend
-from jobguard.backends.sqlite.connection import _wrap
+from jobguard.backends.sqlite.connection import failed
 from jobguard.exceptions import StoreBrokenError
 from tests.support import stores
 from tests.support.procs import clean_env, entry_point, wait_until
@@ -133,10 +133,10 @@ def test_a_scheduler_whose_sqlite_file_is_deleted_or_replaced_stops_with_exit_3(
 
 def test_a_read_only_database_is_a_broken_store_not_a_passing_outage() -> None:
     """SQLite's "readonly" errors are what the worker must not retry forever."""
-    assert isinstance(
-        _wrap(sqlite3.OperationalError("attempt to write a readonly database")), StoreBrokenError
-    )
-    assert not isinstance(_wrap(sqlite3.OperationalError("database is locked")), StoreBrokenError)
+    read_only = sqlite3.OperationalError("attempt to write a readonly database")
+    assert isinstance(failed("write", read_only), StoreBrokenError)
+    locked = sqlite3.OperationalError("database is locked")
+    assert not isinstance(failed("write", locked), StoreBrokenError)
 
 
 class TurnsReadOnly(SQLiteBackend):
@@ -152,7 +152,7 @@ class TurnsReadOnly(SQLiteBackend):
         rules: Mapping[str, DeliveryRules] | None = None,
     ) -> list[Prepared]:
         if self.read_only:
-            raise _wrap(sqlite3.OperationalError("attempt to write a readonly database"))
+            raise failed("write", sqlite3.OperationalError("attempt to write a readonly database"))
         return super().fetch_prepared(queues, limit, worker_id, rules)
 
 

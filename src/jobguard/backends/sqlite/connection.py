@@ -334,7 +334,9 @@ class GroupCommitter:
                     request.result = request.fn(conn)
                 except BaseException as exc:  # the caller gets it; the others still commit
                     conn.execute("ROLLBACK TO request")
-                    request.error = exc if not isinstance(exc, sqlite3.Error) else _wrap(exc)
+                    request.error = (
+                        exc if not isinstance(exc, sqlite3.Error) else failed("write", exc)
+                    )
                 conn.execute("RELEASE request")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -346,7 +348,7 @@ class GroupCommitter:
 
     @staticmethod
     def _fail_all(batch: list[_Request], exc: BaseException) -> None:
-        error = exc if isinstance(exc, StoreUnavailableError) else _wrap(exc)
+        error = exc if isinstance(exc, StoreUnavailableError) else failed("write", exc)
         for request in batch:
             request.result = None
             request.error = error
@@ -404,10 +406,6 @@ def failed(what: str, exc: BaseException) -> StoreUnavailableError:
         wrapped = StoreUnavailableError(f"SQLite {what} failed: {exc}")
     wrapped.__cause__ = exc
     return wrapped
-
-
-def _wrap(exc: BaseException) -> StoreUnavailableError:
-    return failed("write", exc)
 
 
 class ProcessLocal:
