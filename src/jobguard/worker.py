@@ -124,8 +124,9 @@ class Worker:
         concurrency: Handler threads.
         prefetch: Extra leased jobs kept buffered beyond ``concurrency`` (leases are renewed).
         grace_s: On shutdown, how long running jobs may take to finish before being released.
-        poll_interval_s: Longest sleep between fetches while the queues are empty (a stop ends
-            it at once).
+        poll_interval_s: Longest sleep between fetches while nothing more is ready (after a
+            fetch that found nothing, or fewer jobs than it had room for); an enqueue's
+            wake-up or a stop ends it at once.
         worker_id: Name in the attempt log; default ``host:pid:random``.
         heartbeat: Renew leases and locks. Turning it off exists only to show what goes wrong
             without it (``jobguard demo --unsafe``); never do it in production.
@@ -338,8 +339,12 @@ class Worker:
             failures = 0
             if deliveries:
                 self._accept(deliveries, asked_at)
-                continue
-            if burst and idle:
+                if burst or len(deliveries) >= room:
+                    continue
+                # Fewer than asked: the queues had nothing more ready when the fetch looked.
+                # Fetching again at once would find nothing and hold the GIL while the jobs
+                # just taken start; an enqueue since then has sent its wake-up already.
+            elif burst and idle:
                 return
             # Nothing ready: sleep until an enqueue wakes us, polling as the fallback (delayed
             # jobs and retries become ready with no wake-up).

@@ -125,6 +125,23 @@ def test_a_batch_of_new_jobs_is_leased_and_begun_by_one_statement(
     assert fetch(store, ["a"]) == []
 
 
+def test_after_a_batch_short_of_its_limit_the_next_fetch_looks_before_it_writes(
+    store: PostgresBackend, statements: list[str]
+) -> None:
+    """A full batch may have left more behind: the next fetch leases at once. A batch short of
+    its limit took what was ready: with no enqueue since, the next fetch looks on a read
+    connection first and, finding nothing, writes nothing."""
+    store.enqueue_many([keyed_spec("a", None, None) for _ in range(3)])
+    assert len(fetch(store, ["a"], limit=2)) == 2
+    statements.clear()
+    assert len(fetch(store, ["a"], limit=2)) == 1
+    assert "any_ready" not in statements
+    statements.clear()
+    assert fetch(store, ["a"], limit=2) == []
+    assert "any_ready" in statements
+    assert writes(statements) == []
+
+
 def test_a_lock_held_by_a_live_owner_is_busy_in_the_one_statement_too(
     store: PostgresBackend, statements: list[str]
 ) -> None:

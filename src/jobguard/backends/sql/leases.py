@@ -86,8 +86,8 @@ class Leases:
     def __init__(self, driver: Driver, proofs: Proofs) -> None:
         self.driver = driver
         self.proofs = proofs
-        # Whether the next fetch will likely find work (the last one did, or an enqueue woke
-        # us): then it skips the read-only look. A hint, never a decision.
+        # Whether the next fetch will likely find work (the last one came back full, or an
+        # enqueue woke us): then it skips the read-only look. A hint, never a decision.
         self._expect_work = False
 
     def enqueue(self, spec: JobSpec, *, connection: Any = None) -> Job:
@@ -173,7 +173,8 @@ class Leases:
                 raise
             # What one statement each took is committed: it goes to work, and the next fetch
             # meets the failure again.
-        self._expect_work = bool(prepared)
+        # A batch short of the limit took what was ready: until an enqueue wakes us, look first.
+        self._expect_work = len(prepared) >= limit
         return prepared
 
     def _lease_and_begin(
