@@ -352,13 +352,20 @@ def test_a_healthy_run_with_retries_deferrals_and_killed_workers_has_no_finding(
 
     jobs = enqueue(range(22), flaky=False)
     first = [start(store, concurrency=4) for _ in range(2)]
+
+    def in_its_sleep(n: int) -> bool:
+        """Job ``n`` is between its two steps: 0.15 s of sleep with its lock held."""
+        operation = app.operation(f"guarded:{n}")
+        return operation is not None and set(operation.steps) == {"debit"}
+
     with workers(*first):
-        # Both workers took work and a delivery is running: kill both at once, so no job is
+        # Both workers took work and a guarded job is in the middle of its run (a delivery
+        # merely running may be a fast job about to finish): kill both at once, so no job is
         # in two crashes (that would be a crash loop).
         wait_until(
             lambda: (
                 len({a.worker_id for a in app.attempts(limit=500)}) == 2
-                and any(a.outcome == Outcome.RUNNING for a in app.attempts(limit=500))
+                and any(in_its_sleep(n) for n in range(22))
             )
         )
         for proc in first:
