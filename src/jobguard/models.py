@@ -197,6 +197,9 @@ class Delivery:
     """Set when a cancel was asked before this lease began: the job is not run."""
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    unrunnable: str | None = None
+    """Why the stored row cannot run as it is (a number this version never writes): the
+    pipeline buries the job, saying so."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,7 +197,10 @@ class Pipeline:
         return Ending(inflight.guard, closing, Outcome.DEAD, code=code, reason=reason, error=error)
 
     def _arguments(self, delivery: Delivery, task: Task) -> dict[str, Any] | str:
-        """The job's arguments, or why they cannot be (whatever shape the stored payload has)."""
+        """The job's arguments, or why the job cannot run (whatever shape the stored payload
+        has, or a stored number this version never writes)."""
+        if delivery.unrunnable is not None:
+            return delivery.unrunnable
         arguments = decode_object(delivery.payload)
         if isinstance(arguments, str):
             return arguments

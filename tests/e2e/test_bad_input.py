@@ -8,6 +8,7 @@ on with the other jobs: no crash loop, nothing lost.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,6 +187,89 @@ def test_rows_the_worker_cannot_run_land_in_the_dlq_with_their_reason_and_the_re
     finally:
         producer.close()
         worker_app.close()
+
+
+# Numbers no jobguard writes, as each store can hold them: any text in a SQLite column; NaN,
+# infinity or a count out of range in PostgreSQL's typed ones.
+STORED_NUMBERS = {
+    "sqlite": {
+        "visibility_timeout_s": "soon",
+        "lock_ttl_s": "long",
+        "soft_time_limit_s": "a while",
+        "concurrency_limit": "two",
+    },
+    "postgres": {
+        "visibility_timeout_s": float("nan"),
+        "lock_ttl_s": float("inf"),
+        "soft_time_limit_s": float("-inf"),
+        "concurrency_limit": 0,
+    },
+}
+
+
+def test_stored_numbers_no_jobguard_writes_bury_their_job_and_the_rest_complete(
+    store_url: str,
+) -> None:
+    """A row whose lease length, lock length, time limit or concurrency limit is not a number
+    of the kind jobguard writes (planted by another tool or by hand) is buried after one
+    delivery, its reason naming the column and the value; the same worker runs every good job.
+    Before, a text lease length on SQLite ended the worker's run with a TypeError. (A stored
+    attempt limit is not among them: the fetch writes the worker's own over it.)"""
+    app = App(store_url)
+    try:
+        echo = register_echo(app)
+        good = [echo.enqueue(text=f"ok {i}") for i in range(3)]
+        store = stores.kind_of(store_url)
+        planted = {}
+        for column, value in STORED_NUMBERS[store].items():
+            job = echo.enqueue(text=column)
+            update = f"UPDATE {stores.table(store_url, 'jobs')} SET {column} = ? WHERE id = ?"
+            if column == "concurrency_limit":
+                update = update.replace("SET", "SET concurrency_key = 'dock',")
+            stores.execute(store_url, [update], [(value, job.id)])
+            planted[column] = (job, value)
+        good += [echo.enqueue(text=f"ok {i}") for i in range(3, 6)]
+
+        stats = app.worker(concurrency=2, install_signal_handlers=False).run(burst=True)
+
+        assert stats.fetched == len(good) + len(planted)  # one delivery each
+        for job in good:
+            assert app.get_job(job.id).status == JobStatus.COMPLETED
+        for column, (job, value) in planted.items():
+            dead = app.dlq.show(job.id)
+            assert f"stored {column} {value!r} is not" in dead.reason
+            [attempt] = dead.attempts
+            assert attempt.outcome == Outcome.DEAD
+            assert attempt.error_type == "Unrunnable"
+    finally:
+        app.close()
+
+
+def test_a_lost_lease_whose_stored_attempt_count_is_text_is_buried_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    """SQLite: a job whose lease expired (its worker died) and whose attempt count was
+    overwritten with text is closed as lost and buried by the next fetch, which cannot tell
+    whether attempts are left; before, that fetch raised a TypeError and the worker stopped."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    app = App(url)
+    try:
+        echo = register_echo(app)
+        planted = echo.enqueue(text="lost")
+        rules = {"echo": app.tasks["echo"].delivery_rules()}
+        [leased] = app.backend.fetch_prepared(["default"], 1, "gone-worker", rules)
+        assert leased.delivery.job_id == planted.id
+        update = "UPDATE jobs SET attempts = 'many', available_at = 0 WHERE id = ?"
+        stores.execute(url, [update], [(planted.id,)])
+        good = [echo.enqueue(text=f"ok {i}") for i in range(3)]
+
+        app.worker(concurrency=2, install_signal_handlers=False).run(burst=True)
+
+        assert [app.get_job(job.id).status for job in good] == [JobStatus.COMPLETED] * 3
+        dead = app.dlq.show(planted.id)
+        assert [a.outcome for a in dead.attempts] == [Outcome.LOST]
+    finally:
+        app.close()
 
 
 @pytest.mark.chaos

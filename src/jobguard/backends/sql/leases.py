@@ -278,7 +278,7 @@ class Leases:
         spent = set()
         for row in expired:
             rule = rules.get(row["task"])
-            if row["attempts"] >= (rule.max_attempts if rule else row["max_attempts"]):
+            if _spent(row["attempts"], rule.max_attempts if rule else row["max_attempts"]):
                 spent.add(row["id"])
         if spent:
             params = {"ids": sorted(spent), "code": DeadCode.LOST.value, "now": now}
@@ -533,3 +533,12 @@ def _lock_order(request: BeginRequest | None) -> tuple[str, str]:
     if request.resource_key is not None:
         return request.resource_key, ""
     return "", request.operation_key or ""
+
+
+def _spent(attempts: Any, max_attempts: Any) -> bool:
+    """Whether a lost delivery used the job's last attempt. A stored count that is not a
+    number (text in a SQLite column) cannot be compared: that job is not run again either."""
+    try:
+        return bool(attempts >= max_attempts)
+    except TypeError:
+        return True

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from jobguard.backends.sql.driver import Row
@@ -68,33 +70,100 @@ def job(row: Row, *, deduplicated: bool = False) -> Job:
     )
 
 
+class _Numbers:
+    """A leased row's numbers, each checked as it is read: a SQLite column takes any value
+    (text in a REAL column, say), and a hand-made fix may store NaN or a negative count. What
+    is not a number of the kind this version writes is named in :attr:`problems` and read as
+    the stand-in given, so the delivery can still be held, reported and buried."""
+
+    def __init__(self, row: Row) -> None:
+        self.row = row
+        self.problems: list[str] = []
+
+    def read(
+        self,
+        column: str,
+        stand_in: Any,
+        *,
+        whole: bool = False,
+        positive: bool = False,
+        stored_as: str | None = None,
+    ) -> Any:
+        """The column's value, or ``stand_in`` with the problem noted (under ``stored_as``,
+        the name of the stored column it comes from, if the row names it otherwise)."""
+        value = self.row[column]
+        if value is None and stand_in is None:
+            return None
+        kind = int if whole else (int, float)
+        if (
+            isinstance(value, kind)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value > 0 if positive else value >= 0)
+        ):
+            return value
+        wanted = "a whole number" if whole else "a number"
+        self.problems.append(
+            f"stored {stored_as or column} {value!r} is not {wanted}"
+            f"{' above 0' if positive else ''}"
+        )
+        return stand_in
+
+
+def _whole_or_none(stored: Any, checked: Any) -> Any:
+    """A stored concurrency limit: a whole number out of range stays as stored (the store reads
+    one past the largest as the largest and grants none below 1; the job is buried for it
+    anyway), anything else as none."""
+    if isinstance(stored, int) and not isinstance(stored, bool):
+        return stored
+    return checked
+
+
+def _finite(value: Any) -> float:
+    """``value`` if it is a finite number, else 0 (long past)."""
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return 0.0
+
+
 def delivery(row: Row, attempt_id: int) -> Delivery:
-    """A freshly leased ``jobs`` row as a :class:`Delivery`."""
-    return Delivery(
+    """A freshly leased ``jobs`` row as a :class:`Delivery`; a number it holds that this
+    version would never write makes it ``unrunnable`` (the pipeline buries it, saying why)."""
+    numbers = _Numbers(row)
+    read = numbers.read
+    leased = Delivery(
         job_id=row["id"],
         task=row["task"],
         queue=row["queue"],
         payload=row["payload"],
-        attempt=row["attempts"],
-        max_attempts=row["max_attempts"],
-        deferrals=row["deferrals"],
-        created_at=row["created_at"],
+        attempt=read("attempts", 1, whole=True),
+        max_attempts=read("max_attempts", 1, whole=True, positive=True),
+        deferrals=read("deferrals", 0, whole=True),
+        created_at=read("created_at", 0.0),
         lease_token=row["lease_token"],
         attempt_id=attempt_id,
-        lease_expires_at=row["available_at"],
-        visibility_timeout_s=row["lease_s"],  # the fetching worker's lease, or the stored one
+        # Reckoned by the fetch from the lease length: if that is not a number, it is named.
+        lease_expires_at=_finite(row["available_at"]),
+        # The fetching worker's lease, or the stored one. A stand-in of a second: the delivery
+        # is buried at once, and its heartbeat must still be able to choose an interval.
+        visibility_timeout_s=read("lease_s", 1.0, positive=True, stored_as="visibility_timeout_s"),
         operation_key=row["operation_key"],
         resource_key=row["resource_key"],
-        lock_ttl_s=row["lock_ttl_s"],
+        lock_ttl_s=read("lock_ttl_s", None, positive=True),
         error_signature=row["error_signature"],
-        same_error_count=row["same_error_count"],
+        same_error_count=read("same_error_count", 0, whole=True),
         headers=row["headers"],
-        soft_time_limit_s=row["soft_time_limit_s"],
-        time_limit_s=row["time_limit_s"],
+        soft_time_limit_s=read("soft_time_limit_s", None, positive=True),
+        time_limit_s=read("time_limit_s", None, positive=True),
         cancel_requested_by=row["cancel_requested_by"],
         concurrency_key=row["concurrency_key"],
-        concurrency_limit=row["concurrency_limit"],
+        concurrency_limit=_whole_or_none(
+            row["concurrency_limit"], read("concurrency_limit", None, whole=True, positive=True)
+        ),
     )
+    if numbers.problems:
+        return replace(leased, unrunnable="; ".join(numbers.problems))
+    return leased
 
 
 def operation(row: Row, steps: Sequence[Row]) -> Operation:
