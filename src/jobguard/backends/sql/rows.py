@@ -74,7 +74,8 @@ class _Numbers:
     """A leased row's numbers, each checked as it is read: a SQLite column takes any value
     (text in a REAL column, say), and a hand-made fix may store NaN or a negative count. What
     is not a number of the kind this version writes is named in :attr:`problems` and read as
-    the stand-in given, so the delivery can still be held, reported and buried."""
+    the stand-in given (a whole number as itself), so the delivery can still be held, reported
+    and buried."""
 
     def __init__(self, row: Row) -> None:
         self.row = row
@@ -107,16 +108,9 @@ class _Numbers:
             f"stored {stored_as or column} {value!r} is not {wanted}"
             f"{' above 0' if positive else ''}"
         )
-        return stand_in
-
-
-def _whole_or_none(stored: Any, checked: Any) -> Any:
-    """A stored concurrency limit: a whole number out of range stays as stored (the store reads
-    one past the largest as the largest and grants none below 1; the job is buried for it
-    anyway), anything else as none."""
-    if isinstance(stored, int) and not isinstance(stored, bool):
-        return stored
-    return checked
+        # A whole number out of range stays as stored: its readers cope with one (the store
+        # reads a concurrency limit past the largest as the largest, and grants none below 1).
+        return value if whole and type(value) is int else stand_in
 
 
 def _finite(value: Any) -> float:
@@ -157,9 +151,7 @@ def delivery(row: Row, attempt_id: int) -> Delivery:
         time_limit_s=read("time_limit_s", None, positive=True),
         cancel_requested_by=row["cancel_requested_by"],
         concurrency_key=row["concurrency_key"],
-        concurrency_limit=_whole_or_none(
-            row["concurrency_limit"], read("concurrency_limit", None, whole=True, positive=True)
-        ),
+        concurrency_limit=read("concurrency_limit", None, whole=True, positive=True),
     )
     if numbers.problems:
         return replace(leased, unrunnable="; ".join(numbers.problems))
