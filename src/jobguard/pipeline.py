@@ -42,6 +42,7 @@ from jobguard.backends.base import (
 )
 from jobguard.context import Context, InFlight
 from jobguard.core import messages
+from jobguard.core.checks import MAX_COUNT
 from jobguard.core.jsonvalues import MAX_NESTING, decode_object, too_deep
 from jobguard.core.retry import Decision, Verdict, decide, deferral_delay_s, error_signature
 from jobguard.core.text import MAX_TRACEBACK_CHARS, describe, storable
@@ -388,7 +389,12 @@ class Pipeline:
         """A failed run retried or buried by the task's rules; a timeout keeps its outcome."""
         delivery = inflight.delivery
         signature = error_signature(exc)
-        same = delivery.same_error_count + 1 if signature == delivery.error_signature else 1
+        # A streak's count stops at the largest every store holds: one stored there (by hand)
+        # must not make this ending unwritable.
+        if signature == delivery.error_signature:
+            same = min(delivery.same_error_count + 1, MAX_COUNT)
+        else:
+            same = 1
         # Poison only when this job's failure stands out: the attempt log says (read only then).
         history = history_for(self.backend, delivery, exc, task.policy, same, self.backend.now)
         decision: Decision = decide(

@@ -272,6 +272,92 @@ def test_a_lost_lease_whose_stored_attempt_count_is_text_is_buried_not_a_crash(
         app.close()
 
 
+# The largest count each store's columns hold: PostgreSQL's integer, SQLite's 64-bit one.
+LARGEST_COUNT = {"postgres": 2**31 - 1, "sqlite": 2**63 - 1}
+
+
+def test_a_count_stored_at_its_largest_value_stops_no_other_job(store_url: str) -> None:
+    """A count planted at the largest number its column holds cannot be counted up once more.
+    On PostgreSQL a job's or its operation's attempt count there failed the fetch's statement
+    ("integer out of range"), and every fetch after it: no job of the queue ran again; a
+    deferral count there lost the deferral, and a dedup hit count failed the enqueue; on both
+    stores a streak of one error counted past it lost the failure's ending. Now every count
+    stops at its column's largest value on PostgreSQL (the job runs, with no attempt left after
+    this one), a streak at 2**31 - 1 on both; on SQLite an attempt count overflows into a real
+    number and the job is buried as unrunnable, the reason naming it. The other jobs run."""
+    app = App(store_url)
+    try:
+        echo = register_echo(app)
+
+        @app.task(name="flaky", operation_key="flaky:{n}", backoff_base_s=60)
+        def flaky(ctx: Context, n: int) -> None:
+            if ctx.attempt == 1:
+                raise RuntimeError("the first delivery fails; its operation row stays")
+
+        @app.task(name="failing", max_attempts=10, backoff_base_s=60)
+        def failing(ctx: Context) -> None:
+            raise RuntimeError("the same error every time")
+
+        @app.task(name="docked", resource_key="dock")
+        def docked(ctx: Context) -> None:
+            raise AssertionError("its lock is held by another holder: it is deferred")
+
+        store = stores.kind_of(store_url)
+        largest = LARGEST_COUNT[store]
+        retried, streak = flaky.enqueue(n=1), failing.enqueue()
+        app.worker(concurrency=1, install_signal_handlers=False).run(burst=True)
+        for job in (retried, streak):
+            assert app.get_job(job.id).status == JobStatus.QUEUED  # its retry waits
+        counted = echo.enqueue(text="counted")
+        deferred = docked.enqueue()
+        held = echo.options(dedup_key="held").enqueue(text="held")
+        good = [echo.enqueue(text=f"ok {i}") for i in range(4)]
+        jobs, operations = stores.table(store_url, "jobs"), stores.table(store_url, "operations")
+        locks = stores.table(store_url, "locks")
+        for update, row in [
+            (f"UPDATE {jobs} SET attempts = ? WHERE id = ?", (largest, counted.id)),
+            (f"UPDATE {jobs} SET available_at = 0 WHERE id = ?", (retried.id,)),
+            (
+                f"UPDATE {jobs} SET same_error_count = ?, available_at = 0 WHERE id = ?",
+                (largest, streak.id),
+            ),
+            (f"UPDATE {operations} SET attempts = ? WHERE key = ?", (largest, "flaky:1")),
+            (f"UPDATE {jobs} SET deferrals = ? WHERE id = ?", (largest, deferred.id)),
+            (f"UPDATE {jobs} SET dedup_hits = ? WHERE id = ?", (largest, held.id)),
+            (
+                f"INSERT INTO {locks} (resource, owner, fence, expires_at) VALUES (?, ?, 1, ?)",
+                ("dock", "another holder", 4e9),
+            ),
+        ]:
+            stores.execute(store_url, [update], [row])
+        # A dedup hit counts up the holder's hits: at their largest, the enqueue still answers.
+        assert echo.options(dedup_key="held").enqueue(text="again").id == held.id
+
+        app.worker(concurrency=2, install_signal_handlers=False).run(burst=True)
+
+        assert [app.get_job(job.id).status for job in good] == [JobStatus.COMPLETED] * 4
+        assert app.get_job(deferred.id).status == JobStatus.QUEUED  # deferred, not lost
+        # The streak's next failure was written (retried or buried), its count at 2**31 - 1.
+        assert app.get_job(streak.id).status in (JobStatus.QUEUED, JobStatus.DEAD)
+        [(streak_count,)] = stores.query(
+            store_url, f"SELECT same_error_count FROM {jobs} WHERE id = ?", [streak.id]
+        )
+        assert streak_count == 2**31 - 1
+        if store == "postgres":
+            for job in (counted, retried):
+                assert app.get_job(job.id).status == JobStatus.COMPLETED
+            assert app.get_job(counted.id).attempts == largest
+            assert app.get_job(deferred.id).deferrals == largest
+            operation = app.backend.get_operation("flaky:1")
+            assert operation is not None
+            assert operation.attempts == largest
+        else:
+            assert "stored attempts" in app.dlq.show(counted.id).reason
+            assert app.get_job(retried.id).status == JobStatus.COMPLETED
+    finally:
+        app.close()
+
+
 @pytest.mark.chaos
 def test_worker_process_buries_unrunnable_rows_and_keeps_working_without_a_crash_loop(
     store_url: str,

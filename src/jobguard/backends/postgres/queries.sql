@@ -32,7 +32,8 @@ ORDER BY id DESC LIMIT 1;
 SELECT pg_advisory_xact_lock(hashtext('jobguard.dedup'), hashtext(%(dedup_key)s));
 
 -- name: count_dedup_hit
-UPDATE {schema}.jobs SET dedup_hits = dedup_hits + 1 WHERE id = %(id)s;
+-- A count stops at its column's largest value (see lease_jobs).
+UPDATE {schema}.jobs SET dedup_hits = least(dedup_hits + 1::bigint, 2147483647) WHERE id = %(id)s;
 
 -- name: insert_job
 INSERT INTO {schema}.jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
@@ -66,8 +67,12 @@ WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running';
 -- name: lease_jobs
 -- %(lease_s)s and %(max_attempts)s are the fetching worker's lease and attempt limit for these
 -- jobs' task (NULL: the stored ones); the limit it enforces is the one the row then shows.
+-- Each count jobguard adds to stops at its column's largest value: one stored there (by hand)
+-- would otherwise fail the statement ("integer out of range"), and with it every fetch of the
+-- queue. Such a job runs with no attempt left after this one.
 UPDATE {schema}.jobs
-SET status = 'running', attempts = attempts + 1, worker_id = %(worker_id)s,
+SET status = 'running', attempts = least(attempts + 1::bigint, 2147483647),
+    worker_id = %(worker_id)s,
     lease_token = replace(gen_random_uuid()::text, '-', ''),
     available_at = %(now)s + coalesce(%(lease_s)s::float8, visibility_timeout_s),
     max_attempts = coalesce(%(max_attempts)s::integer, max_attempts)
@@ -165,7 +170,7 @@ WITH clock AS (
              finished_at = CASE WHEN item.status = 'queued' THEN j.finished_at
                                 ELSE (SELECT now FROM clock) END,
              attempts = j.attempts - item.uncharge,
-             deferrals = j.deferrals + item.deferral,
+             deferrals = least(j.deferrals + item.deferral::bigint, 2147483647),
              last_error = CASE WHEN item.set_error THEN item.last_error ELSE j.last_error END,
              error_signature = CASE WHEN item.set_signature THEN item.error_signature
                                     ELSE j.error_signature END,
@@ -434,7 +439,8 @@ WITH clock AS (
          FROM item),
      leased AS (
          UPDATE {schema}.jobs AS j
-         SET status = 'running', attempts = j.attempts + 1, worker_id = %(worker_id)s,
+         SET status = 'running', attempts = least(j.attempts + 1::bigint, 2147483647),
+             worker_id = %(worker_id)s,
              lease_token = replace(gen_random_uuid()::text, '-', ''),
              available_at = (SELECT now FROM clock) + coalesce(item.lease_s, j.visibility_timeout_s),
              max_attempts = coalesce(item.rule_max_attempts, j.max_attempts)
@@ -576,8 +582,8 @@ SELECT * FROM {schema}.operations WHERE key = %(key)s FOR UPDATE;
 
 -- name: claim_operation
 UPDATE {schema}.operations
-SET status = 'processing', owner_lease = %(owner_lease)s, attempts = attempts + 1, fence = %(fence)s,
-    updated_at = %(now)s
+SET status = 'processing', owner_lease = %(owner_lease)s,
+    attempts = least(attempts + 1::bigint, 2147483647), fence = %(fence)s, updated_at = %(now)s
 WHERE key = %(key)s AND status != 'completed'
 RETURNING *;
 
