@@ -43,7 +43,8 @@ import platform
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from importlib.metadata import version
@@ -73,6 +74,20 @@ class Tee:
         print(line, flush=True)
         self.sink.write(line + "\n")
         self.sink.flush()
+
+
+@contextmanager
+def results_run(name: str, command: str) -> Iterator[tuple[Tee, str]]:
+    """A bench run on a throw-away PostgreSQL database: yields ``(say, url)``, where ``say``
+    prints a line and appends it to ``bench/results/NAME-DATE.txt``, whose first line for the
+    run is ``command`` with the machine's cores and load average."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}-{dt.date.today().isoformat()}.txt"
+    with path.open("a") as sink, scratch_database() as url:
+        say = Tee(sink)
+        say(f"$ {command}; {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.1f}")
+        yield say, url
+    print(f"written to {path}")
 
 
 @dataclass

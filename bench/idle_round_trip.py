@@ -18,16 +18,13 @@ The output is also written to ``bench/results/idle-round-trip-DATE.txt``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import time
 from collections.abc import Callable
 
 import psycopg
 
-from bench.compare import RESULTS, Tee
+from bench.compare import results_run
 from bench.measure import load
-from bench.pgdb import scratch_database
 from jobguard.diagnostics.durations import percentile
 
 WARM_RUNS = 10
@@ -55,14 +52,8 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=200, help="calls per pause")
     args = parser.parse_args()
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"idle-round-trip-{dt.date.today().isoformat()}.txt"
-    with path.open("a") as sink, scratch_database() as url:
-        say = Tee(sink)
-        say(
-            f"$ python -m bench.idle_round_trip; {os.cpu_count()} cores, load average at start "
-            f"{os.getloadavg()[0]:.1f}; median / p90 ms of one call after each idle pause"
-        )
+    with results_run("idle-round-trip", "python -m bench.idle_round_trip") as (say, url):
+        say("median / p90 ms of one call after each idle pause")
         module = load("bench.apps", url)
         module.app.migrate()
         backend = module.app.backend
@@ -82,7 +73,6 @@ def main() -> None:
                         f"{percentile(took, 90):6.3f} ms"
                     )
         module.app.close()
-    print(f"written to {path}")
 
 
 if __name__ == "__main__":

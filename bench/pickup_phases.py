@@ -19,9 +19,7 @@ The output is also written to ``bench/results/pickup-phases-DATE.txt``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -30,9 +28,8 @@ from typing import Any
 
 import psycopg
 
-from bench.compare import RESULTS, Tee
+from bench.compare import results_run
 from bench.measure import load, pace
-from bench.pgdb import scratch_database
 from bench.procs import bench_env
 from jobguard.diagnostics.durations import percentile
 
@@ -117,15 +114,11 @@ def main() -> None:
         url, jobs, rate = args.produce
         produce(url, int(jobs), int(rate))
         return
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"pickup-phases-{dt.date.today().isoformat()}.txt"
-    with path.open("a") as sink, scratch_database() as url:
-        say = Tee(sink)
-        say(
-            f"$ python -m bench.pickup_phases --jobs {args.jobs} --rate {args.rate} "
-            f"--concurrency {args.concurrency}; {os.cpu_count()} cores, load average at start "
-            f"{os.getloadavg()[0]:.1f}"
-        )
+    command = (
+        f"python -m bench.pickup_phases --jobs {args.jobs} --rate {args.rate} "
+        f"--concurrency {args.concurrency}"
+    )
+    with results_run("pickup-phases", command) as (say, url):
         phases, (calls, empty) = measure(url, args.jobs, args.rate, args.concurrency)
         for index, name in enumerate(PHASES):
             took = sorted(row[index] for row in phases)
@@ -134,7 +127,6 @@ def main() -> None:
                 f"p99 {percentile(took, 99):5.2f} ms"
             )
         say(f"{len(phases)} jobs, {calls} fetches, {empty} of them found nothing")
-    print(f"written to {path}")
 
 
 if __name__ == "__main__":

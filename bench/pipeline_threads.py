@@ -7,7 +7,7 @@ Usage (from the repository root, PostgreSQL on 127.0.0.1:5432)::
 
 Each transaction has the shape of a ``ctx.db_step`` on PostgreSQL: BEGIN, a read that proves
 the guard, the job's own INSERT, a read standing for the step record's fenced insert, COMMIT.
-It is sent four ways, each thread on its own autocommit connection of a throw-away database:
+It is sent five ways, each thread on its own autocommit connection of a throw-away database:
 
 * ``separate``: every statement its own round trip (5), as jobguard's ``db_step`` sends them;
 * ``ends``: BEGIN with the proof, and the last read with COMMIT, each pair in one psycopg
@@ -15,7 +15,9 @@ It is sent four ways, each thread on its own autocommit connection of a throw-aw
   their errors are raised where they are executed);
 * ``two``: BEGIN with the proof, then the rest in a second pipeline (2 round trips);
 * ``all``: the whole transaction in one pipeline (1 round trip), as the floor bench sends it and
-  as ``ctx.db_writes`` sends a step.
+  as ``ctx.db_writes`` sends a step;
+* ``text``: the whole transaction as one text, the values bound on the client (1 round trip, one
+  write and one wait, where a pipeline waits for its socket once per statement).
 
 For each shape (``PROCESSESxTHREADS``) and way: transactions per second, the client processes'
 CPU per transaction (user + system, all threads) and the CPU of their server backends (from
@@ -37,6 +39,7 @@ from functools import partial
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from bench.compare import RESULTS, Tee
 from bench.pgdb import scratch_database
@@ -89,11 +92,28 @@ def whole(conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], n: int) -> No
         cur.execute("COMMIT")
 
 
+def text(conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], n: int) -> None:
+    """One round trip, one query: the five statements as one text with the value bound on the
+    client (the simple query protocol): psycopg sends it at once and waits once, where a
+    pipeline waits for the socket once per statement it queues. jobguard does not send a
+    step this way: a text of several statements is what keeps a step's own statements from
+    ending its transaction, and a plan is made at every run."""
+    value = sql.Literal(n)
+    cur.execute(
+        sql.SQL("BEGIN; {}; {}; {}; COMMIT").format(
+            sql.SQL(PROOF.replace("%s", "{}")).format(value),
+            sql.SQL(EFFECT.replace("%s", "{}")).format(value),
+            sql.SQL(STEP.replace("%s", "{}")).format(value),
+        )
+    )
+
+
 WAYS: dict[str, Callable[[psycopg.Connection[Any], psycopg.Cursor[Any], int], None]] = {
     "separate": separate,
     "ends": ends,
     "two": two,
     "all": whole,
+    "text": text,
 }
 
 
@@ -186,7 +206,9 @@ def main() -> None:
             conn.execute("CREATE TABLE bench_tx (id bigserial PRIMARY KEY, v bigint NOT NULL)")
             version = conn.execute("SHOW server_version").fetchone()
         say(
-            f"$ python -m bench.pipeline_threads; psycopg {psycopg.__version__} "
+            f"$ python -m bench.pipeline_threads --shapes "
+            f"{','.join(f'{p}x{t}' for p, t in args.shapes)} --transactions {args.transactions}; "
+            f"psycopg {psycopg.__version__} "
             f"({psycopg.pq.__impl__}), PostgreSQL {version[0] if version else '?'}, "
             f"{os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.1f}"
         )
