@@ -13,7 +13,7 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from jobguard import App, JobStatus, Outcome
+from jobguard import App, Job, JobStatus, Outcome
 from tests.support import doctor_app as d
 from tests.support.procs import WorkerProcess, spawn_worker, wait_until, workers
 
@@ -94,6 +94,27 @@ def drain(store: Store, **options: Any) -> None:
 
 def status(app: App, job_id: int) -> JobStatus:
     return app.get_job(job_id).status
+
+
+def held_past_its_ttl(
+    app: App, store: Store, enqueue_slow: Callable[[], Job], enqueue_quick: Callable[[], Job]
+) -> tuple[Job, Job]:
+    """A slow job holds its lock or slot past the TTL on a worker without heartbeat; a quick
+    one, enqueued once the slow one runs, takes it over and writes; then the slow one writes
+    with its stale fence. Returns both jobs once both completed."""
+    slow = enqueue_slow()
+    proc = start(store, concurrency=2, heartbeat=False)
+    with workers(proc):
+        wait_until(lambda: bool(app.attempts(job_id=slow.id)))
+        quick = enqueue_quick()
+        wait_until(
+            lambda: (
+                status(app, quick.id) == JobStatus.COMPLETED
+                and status(app, slow.id) == JobStatus.COMPLETED
+            ),
+            timeout_s=30,
+        )
+    return slow, quick
 
 
 def test_an_outage_is_named_as_one_and_a_mass_burial_is_a_problem(app: App, store: Store) -> None:
@@ -258,18 +279,12 @@ def test_operations_that_overlapped_under_one_resource_and_stale_fences_are_prob
     operation took the lock while the first still ran: the overlap is reported per resource
     key, the stale delivery's fence_refused is surfaced, and the lock TTL advice says the lock,
     not the job, went to another worker."""
-    slow = app.tasks[d.RESTOCK].enqueue(n=1, sku="kite")
-    proc = start(store, concurrency=2, heartbeat=False)
-    with workers(proc):
-        wait_until(lambda: bool(app.attempts(job_id=slow.id)))
-        quick = app.tasks[d.SELL].enqueue(n=1, sku="kite")
-        wait_until(
-            lambda: (
-                status(app, quick.id) == JobStatus.COMPLETED
-                and status(app, slow.id) == JobStatus.COMPLETED
-            ),
-            timeout_s=30,
-        )
+    slow, _ = held_past_its_ttl(
+        app,
+        store,
+        lambda: app.tasks[d.RESTOCK].enqueue(n=1, sku="kite"),
+        lambda: app.tasks[d.SELL].enqueue(n=1, sku="kite"),
+    )
     [stale] = [a for a in app.attempts(job_id=slow.id) if a.outcome == Outcome.FENCE_REFUSED]
 
     code, report = doctor(store)
@@ -290,6 +305,40 @@ def test_operations_that_overlapped_under_one_resource_and_stale_fences_are_prob
     assert ttl["severity"] == "problem"
     assert "the lock, not the job, passes to another worker" in ttl["summary"]
     assert "2 missed renewals" in ttl["summary"]
+
+
+def test_more_runs_at_once_than_a_concurrency_limit_is_a_problem(app: App, store: Store) -> None:
+    """With a slot TTL below the real duration (and no heartbeat to renew it), a second job of
+    a concurrency key with a limit of one took the slot while the first still ran: the doctor
+    reports two runs at once where the limit is one, with both attempts, and the stale one's
+    fence_refused."""
+    slow, quick = held_past_its_ttl(
+        app,
+        store,
+        lambda: app.tasks[d.LOAD].enqueue(n=1, site="north", waits=True),
+        lambda: app.tasks[d.LOAD].enqueue(n=2, site="north", waits=False),
+    )
+    [stale] = [a for a in app.attempts(job_id=slow.id) if a.outcome == Outcome.FENCE_REFUSED]
+    [taker] = [a for a in app.attempts(job_id=quick.id) if a.outcome == Outcome.COMPLETED]
+
+    code, report = doctor(store)
+
+    assert code == 1
+    [overrun] = of_kind(report, "slot_overrun")
+    assert (overrun["severity"], overrun["task"]) == ("problem", d.LOAD)
+    assert overrun["keys"]["attempt_ids"] == [stale.id, taker.id]
+    assert overrun["keys"]["operation_keys"] == ["load:1", "load:2"]
+    assert (overrun["numbers"]["limit"], overrun["numbers"]["runs"]) == (1, 2)
+    assert "concurrency key dock:north: 2 deliveries ran at once" in overrun["summary"]
+    [run_on] = report["slot_overruns"]
+    assert run_on["concurrency_key"] == "dock:north"
+    [refused] = of_kind(report, "fence_refused")
+    assert refused["keys"]["attempt_ids"] == [stale.id]
+    from jobguard.cli.main import cli
+
+    human = CliRunner().invoke(cli, ["--url", store.url, "doctor"]).output
+    assert "dock:north: 2 ran at once" in human
+    assert "limit 1" in human
 
 
 def test_completions_that_did_less_than_usual_are_warnings(app: App, store: Store) -> None:

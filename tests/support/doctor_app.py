@@ -12,6 +12,8 @@ matters:
 * ``report`` holds the ``ledger`` lock for ``hold_s``; ``touch`` needs it for a moment;
 * ``restock`` holds the ``stock`` lock past its 1 s TTL (run it on a worker without heartbeat)
   until ``sell`` has written under a newer fence, then writes with its stale one;
+* ``load`` holds the one slot of its ``dock`` concurrency key past its 1 s TTL the same way
+  (``waits=True``, until a ``load`` that took the slot meanwhile has written), then writes;
 * ``ship`` runs three steps and records a reference, unless ``skip`` makes it return early;
 * ``export`` runs longer than its 1 s lease and lock TTL on its own queue, on the heartbeat;
 * ``guarded`` (operation, resource and dedup keys, two steps, a transient failure on the first
@@ -39,6 +41,7 @@ REPORT = "report"
 TOUCH = "touch"
 RESTOCK = "restock"
 SELL = "sell"
+LOAD = "load"
 SHIP = "ship"
 EXPORT = "export"
 GUARDED = "guarded"
@@ -150,6 +153,21 @@ def _lock_tasks(app: App, markers: Path) -> None:
     def sell(ctx: Context, n: int, sku: str) -> None:
         ctx.db_step("write", _nothing)
         (markers / "sold").touch()
+
+    @app.task(
+        name=LOAD,
+        operation_key="load:{n}",
+        concurrency_key="dock:{site}",
+        concurrency_limit=1,
+        lock_ttl_s=1.0,
+        backoff_base_s=0.01,
+    )
+    def load(ctx: Context, n: int, site: str, waits: bool) -> None:
+        if waits:
+            _wait_for(markers / "loaded")
+        ctx.db_step("write", _nothing)
+        if not waits:
+            (markers / "loaded").touch()
 
 
 def _healthy_tasks(app: App, markers: Path) -> None:

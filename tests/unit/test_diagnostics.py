@@ -34,6 +34,7 @@ from jobguard.diagnostics.poison import poison_findings, repeated_errors, signat
 from jobguard.diagnostics.resources import (
     fence_refusals,
     find_resource_overlaps,
+    find_slot_overruns,
     resource_findings,
     resource_use,
     slot_use,
@@ -1051,6 +1052,59 @@ def test_slot_contention_counts_slot_busy_deferrals_per_concurrency_key_and_task
     assert sync.run_s == pytest.approx(3.0)
     assert sync.longest_hold_s == pytest.approx(2.0)
     assert (uses[("api:acme", "touch")].deferrals, uses[("api:acme", "touch")].wait_s) == (0, 0)
+
+
+def test_a_slot_overrun_is_more_runs_at_once_than_the_limit_after_a_lost_slot() -> None:
+    """Under a concurrency key with a limit of 2, a third operation running while a delivery
+    that lost its slot ran on is an overrun, reported once while it lasts; runs that only touch
+    at a hand-over, a crashed delivery, a stale and a fresh delivery of one operation, and more
+    runs within the limit are not."""
+
+    def slotted(job_id: int, limit: int = 2) -> Job:
+        return job(
+            id=job_id,
+            operation_key=f"op:{job_id}",
+            concurrency_key="api",
+            concurrency_limit=limit,
+            lock_ttl_s=1.0,
+        )
+
+    jobs = {n: slotted(n) for n in (1, 2, 3, 4)}
+
+    def ran(job_id: int, start: float, end: float, **fields: Any) -> Attempt:
+        return attempt(
+            job_id=job_id,
+            operation_key=f"op:{job_id}",
+            started_at=T0 + start,
+            ended_at=T0 + end,
+            duration_s=end - start,
+            **fields,
+        )
+
+    stale = ran(1, 0, 5, outcome=Outcome.FENCE_REFUSED)
+    other = ran(2, 0.5, 4)
+    third = ran(3, 2, 3)  # took the slot stale lost: three at once for 1 s
+    fourth = ran(4, 2.5, 3.5)  # still during the same overrun: not a second one
+    [overrun] = find_slot_overruns([stale, other, third, fourth], jobs, T0 + 10)
+    assert (overrun.concurrency_key, overrun.limit) == ("api", 2)
+    assert [r.attempt_id for r in overrun.runs] == [stale.id, other.id, third.id]
+    assert overrun.operation_keys == ("op:1", "op:2", "op:3")
+    assert overrun.overrun_s == pytest.approx(1.0)
+    [finding] = [
+        f for f in resource_findings([], [], [], jobs, [overrun]) if f.kind == Kind.SLOT_OVERRUN
+    ]
+    assert finding.keys.attempt_ids == (stale.id, other.id, third.id)
+    assert finding.numbers == {"limit": 2, "runs": 3, "overrun_s": 1.0}
+    assert "where its limit is 2" in finding.summary
+
+    handed = replace(stale, outcome=Outcome.COMPLETED, ended_at=T0 + 2.1, duration_s=2.1)
+    assert find_slot_overruns([handed, other, third], jobs, T0 + 10) == []
+    crashed = replace(stale, outcome=Outcome.LOST, duration_s=None)
+    assert find_slot_overruns([crashed, other, third], jobs, T0 + 10) == []
+    again = ran(1, 2, 3)  # the same operation as stale, delivered again: one slot's work
+    assert find_slot_overruns([stale, other, again], jobs, T0 + 10) == []
+    roomy = {n: slotted(n, limit=3) for n in (1, 2, 3)}
+    assert find_slot_overruns([stale, other, third], roomy, T0 + 10) == []
 
 
 def test_a_resource_overlap_needs_a_first_delivery_that_lost_its_lock() -> None:

@@ -216,17 +216,29 @@ def _print_slots(out: Console, diagnosis: Diagnosis) -> None:
         return
     if not uses:
         out.print("  no slot-busy deferral")
-        return
-    out.print(
-        table(
-            f"the {RESOURCE_ROWS} most deferred concurrency keys and tasks",
-            ["key", "limit", "task", "jobs", "deferrals", "waited", "ran", "longest holder"],
-            (
-                [u.concurrency_key, dash(u.limit), *_contention_cells(u)]
-                for u in uses[:RESOURCE_ROWS]
-            ),
+    else:
+        out.print(
+            table(
+                f"the {RESOURCE_ROWS} most deferred concurrency keys and tasks",
+                ["key", "limit", "task", "jobs", "deferrals", "waited", "ran", "longest holder"],
+                (
+                    [u.concurrency_key, dash(u.limit), *_contention_cells(u)]
+                    for u in uses[:RESOURCE_ROWS]
+                ),
+            )
         )
-    )
+    if not diagnosis.slot_overruns:
+        out.print("  none: no concurrency key ran more deliveries at once than its limit")
+    for overrun in diagnosis.slot_overruns:
+        out.print(
+            safe_text(
+                f"{overrun.concurrency_key}: {len(overrun.runs)} ran at once for "
+                f"{duration(overrun.overrun_s)}, limit {overrun.limit}",
+                style="bold red",
+            )
+        )
+        for run in overrun.runs:
+            out.print(_run_line("run", run))
 
 
 def _print_audit(out: Console, audit: Audit, crashed: Collection[str]) -> None:

@@ -27,6 +27,7 @@ class Kind(StrEnum):
 
     OVERLAP = "overlap"
     RESOURCE_OVERLAP = "resource_overlap"
+    SLOT_OVERRUN = "slot_overrun"
     FENCE_REFUSED = "fence_refused"
     LEASE = "visibility_timeout"
     LOCK_TTL = "lock_ttl"

@@ -27,9 +27,11 @@ from jobguard.diagnostics.poison import ErrorGroup, poison_findings, repeated_er
 from jobguard.diagnostics.resources import (
     ResourceOverlap,
     ResourceUse,
+    SlotOverrun,
     SlotUse,
     fence_refusals,
     find_resource_overlaps,
+    find_slot_overruns,
     resource_findings,
     resource_use,
     slot_use,
@@ -58,6 +60,8 @@ class Diagnosis:
             the task that holds the lock longest.
         slots: Per concurrency key and task, slot-busy deferrals, wait against run time and
             the task that holds a slot longest.
+        slot_overruns: More operations (or jobs) running at once under one concurrency key
+            than its limit.
         durations: G10.3, per task, the duration distribution against its timeouts, with advice.
         retries: G10.4, per task, retry and failure rates and spikes.
         errors: G10.4, the errors that repeat most, with poison candidates.
@@ -81,6 +85,7 @@ class Diagnosis:
     resource_overlaps: tuple[ResourceOverlap, ...]
     resources: tuple[ResourceUse, ...]
     slots: tuple[SlotUse, ...]
+    slot_overruns: tuple[SlotOverrun, ...]
     durations: tuple[TaskDurations, ...]
     retries: tuple[TaskRetries, ...]
     errors: tuple[ErrorGroup, ...]
@@ -118,6 +123,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
     errors = repeated_errors(attempts, outages={(o.task, o.signature) for o in outages})
     overlaps = find_overlaps(attempts, jobs, snapshot.now)
     resource_overlaps = find_resource_overlaps(attempts, jobs, snapshot.now)
+    slot_overruns = find_slot_overruns(attempts, jobs, snapshot.now)
     refused = fence_refusals(attempts)
     resources = resource_use(attempts, jobs, snapshot.now)
     durations = task_durations(attempts, jobs)
@@ -132,7 +138,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
     crashed_operations = {key for loop in crash_loops for key in loop.operation_keys}
     findings = [
         *overlap_findings(overlaps),
-        *resource_findings(resources, resource_overlaps, refused, jobs),
+        *resource_findings(resources, resource_overlaps, refused, jobs, slot_overruns),
         *timeout_findings(durations),
         *outage_findings(outages, jobs),
         *crash_findings(crash_loops),
@@ -154,6 +160,7 @@ def diagnose(snapshot: Snapshot) -> Diagnosis:
         resource_overlaps=tuple(resource_overlaps),
         resources=tuple(resources),
         slots=tuple(slot_use(attempts, jobs, snapshot.now)),
+        slot_overruns=tuple(slot_overruns),
         durations=tuple(durations),
         retries=tuple(retries),
         errors=tuple(errors),

@@ -21,7 +21,9 @@ A job's ``resource_key`` names the lock its deliveries take. Per resource key an
 
 A job's ``concurrency_key`` names the slots its deliveries take (one of ``concurrency_limit``):
 per concurrency key and task, the same contention is measured from slot-busy deferrals
-(:func:`slot_use`).
+(:func:`slot_use`); and an **overrun** is more operations (or jobs) running at once under one key
+than its limit, which the slots exist to prevent. As for an overlap, one of them must have lost
+its slot and run on, which its refusal proves (:func:`find_slot_overruns`).
 """
 
 from __future__ import annotations
@@ -117,6 +119,21 @@ class ResourceOverlap:
     second_operation: str | None
     overlap_s: float
     cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotOverrun:
+    """More operations (or jobs) running at once under one concurrency key than its limit."""
+
+    concurrency_key: str
+    limit: int
+    """The key's concurrency limit, the smallest its jobs were enqueued with."""
+    runs: tuple[Run, ...]
+    """The deliveries running at that moment, in the order they started."""
+    tasks: tuple[str, ...]
+    operation_keys: tuple[str, ...]
+    overrun_s: float
+    """How long they all ran at once (until the first of them ended)."""
 
 
 def _busy_with(prefix: str) -> Callable[[Attempt], bool]:
@@ -237,14 +254,20 @@ def resource_use(
     return found
 
 
-def slot_use(attempts: Iterable[Attempt], jobs: Mapping[int, Job], now: float) -> list[SlotUse]:
-    """Contention per concurrency key and task, most deferred first (as :func:`resource_use`,
-    from slot-busy deferrals: every slot of the key was held)."""
+def _limits(jobs: Iterable[Job]) -> dict[str, int]:
+    """Each concurrency key's limit: the smallest its jobs were enqueued with."""
     limits: dict[str, int] = {}
-    for job in jobs.values():
+    for job in jobs:
         if job.concurrency_key is not None and job.concurrency_limit is not None:
             known = limits.get(job.concurrency_key, job.concurrency_limit)
             limits[job.concurrency_key] = min(known, job.concurrency_limit)
+    return limits
+
+
+def slot_use(attempts: Iterable[Attempt], jobs: Mapping[int, Job], now: float) -> list[SlotUse]:
+    """Contention per concurrency key and task, most deferred first (as :func:`resource_use`,
+    from slot-busy deferrals: every slot of the key was held)."""
+    limits = _limits(jobs.values())
     return [
         SlotUse(
             concurrency_key=c.key,
@@ -275,21 +298,30 @@ def _cause(first: Run, second: Run, job: Job | None) -> str:
     )
 
 
+def _runs_by(
+    attempts: Iterable[Attempt], jobs: Mapping[int, Job], now: float, key_of: KeyOf
+) -> dict[str, list[tuple[Run, Attempt]]]:
+    """The deliveries that ran the handler, per key (``key_of`` their job), in start order."""
+    runs: dict[str, list[tuple[Run, Attempt]]] = defaultdict(list)
+    for attempt in attempts:
+        job = jobs.get(attempt.job_id)
+        key = key_of(job) if job is not None else None
+        if key is None or not _measured(attempt):
+            continue
+        run = run_of(attempt, now)
+        if run is not None:
+            runs[key].append((run, attempt))
+    for members in runs.values():
+        members.sort(key=lambda m: (m[0].started_at, m[0].attempt_id))
+    return runs
+
+
 def find_resource_overlaps(
     attempts: Iterable[Attempt], jobs: Mapping[int, Job], now: float
 ) -> list[ResourceOverlap]:
     """Runs of different operations (or jobs) under one resource key that intersect."""
-    runs: dict[str, list[tuple[Run, Attempt]]] = defaultdict(list)
-    for attempt in attempts:
-        job = jobs.get(attempt.job_id)
-        if job is None or job.resource_key is None or not _measured(attempt):
-            continue
-        run = run_of(attempt, now)
-        if run is not None:
-            runs[job.resource_key].append((run, attempt))
     found: list[ResourceOverlap] = []
-    for key, members in runs.items():
-        members.sort(key=lambda m: (m[0].started_at, m[0].attempt_id))
+    for key, members in _runs_by(attempts, jobs, now, lambda job: job.resource_key).items():
         for i, (first, first_attempt) in enumerate(members):
             for second, second_attempt in members[i + 1 :]:
                 if second.started_at >= first.ended_at:
@@ -318,6 +350,48 @@ def find_resource_overlaps(
     return found
 
 
+def find_slot_overruns(
+    attempts: Iterable[Attempt], jobs: Mapping[int, Job], now: float
+) -> list[SlotOverrun]:
+    """Each time more operations (or jobs) of one concurrency key ran at once than its limit,
+    counted once while it lasts, and only where a delivery that started before the last of
+    them was refused after running on (its slot granted again meanwhile): runs that merely
+    follow each other through a slot may seem to touch, as for :func:`find_resource_overlaps`.
+    Two deliveries of one operation count once here (they are an overlap of :mod:`.overlaps`)."""
+    limits = _limits(jobs.values())
+    found: list[SlotOverrun] = []
+    limited = _runs_by(
+        attempts,
+        jobs,
+        now,
+        lambda job: job.concurrency_key if job.concurrency_key in limits else None,
+    )
+    for key, members in limited.items():
+        active: list[tuple[Run, Attempt]] = []
+        over = False
+        for member in members:
+            start = member[0].started_at
+            active = [m for m in active if m[0].ended_at > start] + [member]
+            held = {m[1].operation_key or f"job {m[0].job_id}" for m in active}
+            if len(held) <= limits[key]:
+                over = False
+            elif not over and any(m[0].outcome in RAN_ON for m in active[:-1]):
+                over = True
+                operations = {k for _, attempt in active if (k := attempt.operation_key)}
+                found.append(
+                    SlotOverrun(
+                        concurrency_key=key,
+                        limit=limits[key],
+                        runs=tuple(run for run, _ in active),
+                        tasks=tuple(sorted({attempt.task for _, attempt in active})),
+                        operation_keys=tuple(sorted(operations)),
+                        overrun_s=min(run.ended_at for run, _ in active) - start,
+                    )
+                )
+    found.sort(key=lambda o: (o.runs[0].started_at, o.concurrency_key))
+    return found
+
+
 def fence_refusals(attempts: Iterable[Attempt]) -> list[Attempt]:
     """The ``fence_refused`` attempts, oldest first."""
     return sorted(
@@ -331,8 +405,10 @@ def resource_findings(
     overlaps: Iterable[ResourceOverlap],
     refused: Iterable[Attempt],
     jobs: Mapping[int, Job],
+    overruns: Iterable[SlotOverrun] = (),
 ) -> list[Finding]:
-    """Problems for resource overlaps and stale fences, warnings for starvation."""
+    """Problems for resource overlaps, slot overruns and stale fences, warnings for
+    starvation."""
     found = [
         Finding(
             kind=Kind.RESOURCE_OVERLAP,
@@ -361,6 +437,31 @@ def resource_findings(
         )
         for o in overlaps
     ]
+    found.extend(
+        Finding(
+            kind=Kind.SLOT_OVERRUN,
+            severity=Severity.PROBLEM,
+            task=o.tasks[0] if len(o.tasks) == 1 else None,
+            summary=(
+                f"concurrency key {o.concurrency_key}: {len(o.runs)} deliveries ran at once "
+                f"for {seconds(o.overrun_s)} where its limit is {o.limit} (attempts "
+                f"{ids(r.attempt_id for r in o.runs)}, job(s) {ids(r.job_id for r in o.runs)}); "
+                "one of them lost its slot while running (its lock TTL ran out) and ran on"
+            ),
+            advice=(
+                "raise lock_ttl_s above the longest run (a slot is held as long as a lock) and "
+                "find what stalled the worker; writes through db_step were fenced, but effects "
+                "outside db_step ran beyond the limit"
+            ),
+            keys=Keys(
+                job_ids=tuple(sorted({r.job_id for r in o.runs})),
+                operation_keys=o.operation_keys,
+                attempt_ids=tuple(r.attempt_id for r in o.runs),
+            ),
+            numbers={"limit": o.limit, "runs": len(o.runs), "overrun_s": round(o.overrun_s, 3)},
+        )
+        for o in overruns
+    )
     by_task: dict[str, list[Attempt]] = defaultdict(list)
     for attempt in refused:
         by_task[attempt.task].append(attempt)
