@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 MAX_STEP_NAME = 200
+# A step's record is indexed on (operation key, step name), and PostgreSQL's B-tree holds an
+# entry of at most 2704 bytes: 512 four-byte characters of key and 200 of name would not fit.
+# Checked on every store, so a name never works on one and fails on the other.
+MAX_STEP_RECORD_KEY_BYTES = 2600
 STEP_NAMING = (
     "each step of one execution needs its own name; in a loop, put what varies into it, "
     'e.g. ctx.step(f"send-{recipient_id}", send, recipient_id)'
@@ -294,6 +298,13 @@ class Context:
             raise StepError(
                 f"ctx.{what}() name must be non-empty text of at most {MAX_STEP_NAME} "
                 f"characters, without NUL or lone surrogates, not {name!r}"
+            )
+        if len(key.encode()) + len(name.encode()) > MAX_STEP_RECORD_KEY_BYTES:
+            raise StepError(
+                f"ctx.{what}() name {name!r} and the operation key together take "
+                f"{len(key.encode()) + len(name.encode())} bytes of UTF-8; a step's record "
+                f"is indexed on both and holds at most {MAX_STEP_RECORD_KEY_BYTES}: use a "
+                "shorter name"
             )
         if name in self._used_steps:
             raise StepError(

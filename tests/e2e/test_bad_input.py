@@ -8,9 +8,12 @@ on with the other jobs: no crash loop, nothing lost.
 
 from __future__ import annotations
 
+import secrets
+import threading
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from jobguard import (
@@ -23,6 +26,7 @@ from jobguard import (
     UnknownTaskError,
 )
 from jobguard.app import DEFAULT_MAX_PAYLOAD_BYTES
+from jobguard.core.keys import MAX_KEY_LENGTH
 from tests.support import stores
 from tests.support.procs import spawn_worker, workers
 from tests.support.queue_app import NOOP, make_app
@@ -355,6 +359,76 @@ def test_a_count_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
             assert "stored attempts" in app.dlq.show(counted.id).reason
             assert app.get_job(retried.id).status == JobStatus.COMPLETED
     finally:
+        app.close()
+
+
+KEY_COLUMNS = ("operation_key", "resource_key", "concurrency_key", "dedup_key")
+
+
+def test_a_key_longer_than_an_enqueue_allows_stops_no_other_job(store_url: str) -> None:
+    """A key of more than MAX_KEY_LENGTH characters written by hand into a job's row. Before,
+    PostgreSQL stored it, and every fetch of its queue failed after it (the lock, operation or
+    attempt row the fetch writes for it is larger than an index holds: "index row requires
+    12016 bytes"): no job of the queue ran again. Now PostgreSQL refuses the write, naming the
+    constraint, and a key of the longest length an enqueue allows is still stored. SQLite,
+    whose indexes take any length, holds the key and runs the job up to its step, which no
+    store takes with that key. Either way the worker runs every other job of the queue."""
+    app = App(store_url)
+    stop = None
+    try:
+        echo = register_echo(app)
+
+        @app.task(
+            name="keyed",
+            operation_key="op:{n}",
+            resource_key="res:{n}",
+            concurrency_key="dock:{n}",
+            concurrency_limit=1,
+        )
+        def keyed(ctx: Context, n: int) -> int:
+            return ctx.step("write", lambda: n)
+
+        planted = keyed.options(dedup_key="keyed:1").enqueue(n=1)
+        longest = keyed.enqueue(n=2)
+        good = [echo.enqueue(text=f"ok {i}") for i in range(3)]
+        jobs = stores.table(store_url, "jobs")
+        # Random, so that no compression makes the value small enough for an index.
+        too_long = secrets.token_hex(6000)
+        on_postgres = stores.kind_of(store_url) == "postgres"
+        for column in KEY_COLUMNS:
+            plant = [f"UPDATE {jobs} SET {column} = ? WHERE id = ?"], [(too_long, planted.id)]
+            if on_postgres:
+                with pytest.raises(psycopg.errors.CheckViolation, match="jobs_keys_fit"):
+                    stores.execute(store_url, *plant)
+            else:
+                stores.execute(store_url, *plant)
+        for column in ("resource_key", "operation_key"):
+            update = f"UPDATE {jobs} SET {column} = ? WHERE id = ?"
+            stores.execute(store_url, [update], [(column[0] * MAX_KEY_LENGTH, longest.id)])
+
+        worker = app.worker(concurrency=2, install_signal_handlers=False)
+        # A fetch that fails is retried without end: stop the worker rather than hang.
+        stop = threading.Timer(30.0, worker.stop)
+        stop.start()
+        worker.run(burst=True)
+
+        for job in [*good, longest]:
+            assert app.get_job(job.id).status == JobStatus.COMPLETED
+        [(stored,)] = stores.query(
+            store_url, f"SELECT resource_key FROM {jobs} WHERE id = ?", [planted.id]
+        )
+        if on_postgres:
+            assert stored == "res:1"
+            assert app.get_job(planted.id).status == JobStatus.COMPLETED
+        else:
+            # Held and run, until its step: a step's record could not be indexed with that key
+            # on PostgreSQL, so no store takes it.
+            assert stored == too_long
+            dead = app.dlq.show(planted.id)
+            assert "and the operation key together take 12005 bytes" in dead.reason
+    finally:
+        if stop is not None:
+            stop.cancel()
         app.close()
 
 

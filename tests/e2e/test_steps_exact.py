@@ -77,6 +77,40 @@ def test_a_step_name_no_store_can_hold_is_refused_before_anything_runs(app: App,
     assert ran == []
 
 
+# Four bytes of UTF-8 each: 512 of them is the longest operation key an enqueue allows.
+WIDE = "\U0001f4e6"
+
+
+@pytest.mark.parametrize("step", ["step", "db_step"])
+def test_a_step_name_too_wide_to_index_with_its_operation_key_is_refused(
+    app: App, step: str
+) -> None:
+    """A step's record is indexed on its operation key and name together. Before, a name of 200
+    four-byte characters in a job whose key had 512 made PostgreSQL refuse the record ("index
+    row size 2864 exceeds btree version 4 maximum 2704"), reported as the store being
+    unavailable: the step ran again on every delivery until the attempts ran out. Now it is a
+    StepError on every store, before the step runs, and the job is dead after one delivery; a
+    name that fits still runs."""
+    ran: list[str] = []
+
+    @app.task(name="wide", operation_key="{key}")
+    def wide(ctx: Context, key: str, name: str) -> None:
+        do = getattr(ctx, step)
+        if step == "db_step":
+            do(name, lambda conn: ran.append(name))
+        else:
+            do(name, ran.append, name)
+
+    too_wide = wide.enqueue(key=WIDE * 511 + "a", name=WIDE * 200)
+    fits = wide.enqueue(key=WIDE * 511 + "b", name=WIDE * 100 + "-")
+    drain(app)
+    final = app.get_job(too_wide.id)
+    assert (final.status, final.attempts) == (JobStatus.DEAD, 1)
+    assert "and the operation key together take 2845 bytes of UTF-8" in (final.dead_reason or "")
+    assert app.get_job(fits.id).status == JobStatus.COMPLETED
+    assert ran == [WIDE * 100 + "-"]
+
+
 def test_db_writes_commit_once_and_a_retry_after_them_runs_nothing_again(
     app: App, store_url: str
 ) -> None:

@@ -43,6 +43,12 @@ CREATE TABLE jobs (
     concurrency_key      text,
     concurrency_limit    integer
 );
+-- A job's keys are no longer than an enqueue allows (keys.MAX_KEY_LENGTH): a longer one, written
+-- by hand, would make the fetch's lock, operation or attempt row too large for its index, and
+-- every fetch of the queue fail. NOT VALID as migration 8 adds it (rows from before unchecked).
+ALTER TABLE jobs ADD CONSTRAINT jobs_keys_fit CHECK (
+    char_length(operation_key) <= 512 AND char_length(resource_key) <= 512
+    AND char_length(concurrency_key) <= 512 AND char_length(dedup_key) <= 512) NOT VALID;
 
 -- The fetch scan: only live jobs are indexed, so finished rows cost the scan nothing however
 -- many there are.
