@@ -362,6 +362,71 @@ def test_a_count_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
         app.close()
 
 
+# The largest fence each store's columns hold: a 64-bit integer on both.
+LARGEST_FENCE = 2**63 - 1
+
+
+def test_a_fence_stored_at_its_largest_value_stops_no_other_job(store_url: str) -> None:
+    """A lock's or a slot's fence written by hand at the largest integer its column holds
+    cannot grow. Before, granting that lock or slot failed PostgreSQL's fetch ("bigint out of
+    range"), and every fetch after it: no job of the queue ran again (SQLite went on, its fence
+    turned into a real number). Now neither store grants it again: the job that wants it waits
+    as for a busy one, buried as waited once past its max_defer_s; another slot of the same key
+    is taken where the limit leaves one; every other job runs."""
+    app = App(store_url)
+    stop = None
+    try:
+        echo = register_echo(app)
+
+        @app.task(name="locked", resource_key="dock", max_defer_s=0.001)
+        def locked(ctx: Context) -> None:
+            raise AssertionError("its lock cannot be granted")
+
+        @app.task(name="slotted", concurrency_key="bay", concurrency_limit=1, max_defer_s=0.001)
+        def slotted(ctx: Context) -> None:
+            raise AssertionError("its only slot cannot be granted")
+
+        @app.task(name="roomy", concurrency_key="yard", concurrency_limit=2)
+        def roomy(ctx: Context) -> None:
+            pass
+
+        waiting = [locked.enqueue(), slotted.enqueue()]
+        good = [roomy.enqueue(), *(echo.enqueue(text=f"ok {i}") for i in range(3))]
+        locks, slots = stores.table(store_url, "locks"), stores.table(store_url, "slots")
+        stores.execute(
+            store_url,
+            [f"INSERT INTO {locks} (resource, owner, fence, expires_at) VALUES (?, NULL, ?, NULL)"],
+            [("dock", LARGEST_FENCE)],
+        )
+        stores.execute(
+            store_url,
+            [f"INSERT INTO {slots} (key, slot, owner, fence) VALUES (?, 0, NULL, ?)"],
+            [("bay", LARGEST_FENCE), ("yard", LARGEST_FENCE)],
+        )
+
+        worker = app.worker(concurrency=2, install_signal_handlers=False)
+        # A fetch that fails is retried without end: stop the worker rather than hang.
+        stop = threading.Timer(30.0, worker.stop)
+        stop.start()
+        worker.run(burst=True)
+
+        assert [app.get_job(job.id).status for job in good] == [JobStatus.COMPLETED] * 4
+        for job in waiting:
+            assert "longer than max_defer_s=0.001" in app.dlq.show(job.id).reason
+        assert stores.query(store_url, f"SELECT fence FROM {locks}") == [(LARGEST_FENCE,)]
+        assert stores.query(
+            store_url, f"SELECT key, slot, fence FROM {slots} ORDER BY key, slot"
+        ) == [
+            ("bay", 0, LARGEST_FENCE),
+            ("yard", 0, LARGEST_FENCE),
+            ("yard", 1, 1),
+        ]
+    finally:
+        if stop is not None:
+            stop.cancel()
+        app.close()
+
+
 KEY_COLUMNS = ("operation_key", "resource_key", "concurrency_key", "dedup_key")
 
 

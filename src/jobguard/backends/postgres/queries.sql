@@ -315,14 +315,16 @@ SELECT resource, owner, fence, expires_at FROM {schema}.locks WHERE resource = %
 -- grant_lock for many distinct resources (%(items)s: resource, owner, expires_at), in resource
 -- order so that two workers granting overlapping sets do not deadlock; byte order (COLLATE "C"),
 -- the order the store sorts one-by-one begins in, whatever the database's collation. Returns the
--- granted ones.
+-- granted ones. A lock whose fence is at bigint's largest value (written by hand) is never granted
+-- again, here or in the statements that grant as this one does: a fence must grow, and its job
+-- waits as for a busy lock (buried as waited after max_defer_s) instead of failing the fetch.
 INSERT INTO {schema}.locks (resource, owner, fence, expires_at)
 SELECT item.resource, item.owner, 1, item.expires_at
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text, expires_at float8)
 ORDER BY item.resource COLLATE "C"
 ON CONFLICT (resource) DO UPDATE
 SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
-WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
+WHERE (locks.owner IS NULL OR locks.expires_at <= %(now)s) AND locks.fence < 9223372036854775807
 RETURNING resource, fence;
 
 -- name: begin_batch
@@ -349,7 +351,7 @@ WITH item AS (
          ORDER BY item.resource COLLATE "C"
          ON CONFLICT (resource) DO UPDATE
          SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
-         WHERE locks.owner IS NULL OR locks.expires_at <= %(now)s
+         WHERE (locks.owner IS NULL OR locks.expires_at <= %(now)s) AND locks.fence < 9223372036854775807
          RETURNING resource, owner, fence),
      claimed AS (
          INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence,
@@ -458,7 +460,7 @@ WITH clock AS (
          ORDER BY wanted_resource COLLATE "C"
          ON CONFLICT (resource) DO UPDATE
          SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
-         WHERE locks.owner IS NULL OR locks.expires_at <= (SELECT now FROM clock)
+         WHERE (locks.owner IS NULL OR locks.expires_at <= (SELECT now FROM clock)) AND locks.fence < 9223372036854775807
          RETURNING resource, owner, fence),
      claimed AS (
          INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence,
@@ -501,7 +503,8 @@ ORDER BY taken.priority DESC, taken.due, taken.id;
 -- expired), nth distinct per key, in key and slot order (as grant_locks) so that two workers
 -- granting slots of one key do not deadlock. A slot taken by another transaction since this one
 -- looked is not granted (ON CONFLICT sees the committed row). Returns the granted ones (key,
--- slot, owner, fence): an item whose nth free slot is not below its limit gets none.
+-- slot, owner, fence): an item whose nth free slot is not below its limit gets none. A slot
+-- whose fence is at bigint's largest value is never free again (as a lock's, grant_locks).
 WITH item AS (
          SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
              AS x(key text, lim integer, owner text, expires_at float8, nth integer)),
@@ -510,7 +513,8 @@ WITH item AS (
          SELECT w.key, n.slot, row_number() OVER (PARTITION BY w.key ORDER BY n.slot) - 1 AS nth
          FROM wanted AS w CROSS JOIN LATERAL generate_series(0, w.lim - 1) AS n(slot)
               LEFT JOIN {schema}.slots AS s ON s.key = w.key AND s.slot = n.slot
-         WHERE s.key IS NULL OR s.owner IS NULL OR s.expires_at <= %(now)s)
+         WHERE (s.key IS NULL OR s.owner IS NULL OR s.expires_at <= %(now)s)
+           AND (s.fence IS NULL OR s.fence < 9223372036854775807))
 INSERT INTO {schema}.slots (key, slot, owner, fence, expires_at)
 SELECT free.key, free.slot, item.owner, 1, item.expires_at
 FROM item JOIN free ON free.key = item.key AND free.nth = item.nth
@@ -518,7 +522,7 @@ WHERE free.slot < item.lim
 ORDER BY free.key COLLATE "C", free.slot
 ON CONFLICT (key, slot) DO UPDATE
 SET owner = excluded.owner, fence = slots.fence + 1, expires_at = excluded.expires_at
-WHERE slots.owner IS NULL OR slots.expires_at <= %(now)s
+WHERE (slots.owner IS NULL OR slots.expires_at <= %(now)s) AND slots.fence < 9223372036854775807
 RETURNING key, slot, owner, fence;
 
 -- name: renew_slots

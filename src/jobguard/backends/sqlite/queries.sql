@@ -278,14 +278,16 @@ SELECT resource, owner, fence, expires_at FROM locks WHERE resource = :resource;
 
 -- name: grant_locks
 -- grant_lock for many distinct resources (:items: resource, owner, expires_at). Returns the
--- granted ones. (WHERE true: SQLite's parser needs it before ON CONFLICT after a SELECT.)
+-- granted ones. (WHERE true: SQLite's parser needs it before ON CONFLICT after a SELECT.) A lock
+-- or slot whose fence is at the largest integer (written by hand) is never granted again: a
+-- fence must grow, and its job waits as for a busy one, as on PostgreSQL.
 INSERT INTO locks (resource, owner, fence, expires_at)
 SELECT json_extract(value, '$.resource'), json_extract(value, '$.owner'), 1,
        json_extract(value, '$.expires_at')
 FROM json_each(:items) WHERE true
 ON CONFLICT (resource) DO UPDATE
 SET owner = excluded.owner, fence = locks.fence + 1, expires_at = excluded.expires_at
-WHERE locks.owner IS NULL OR locks.expires_at <= :now
+WHERE (locks.owner IS NULL OR locks.expires_at <= :now) AND locks.fence < 9223372036854775807
 RETURNING resource, fence;
 
 -- name: grant_slots
@@ -307,14 +309,15 @@ WITH RECURSIVE
                     row_number() OVER (PARTITION BY numbered.key ORDER BY numbered.slot) - 1 AS nth
              FROM numbered LEFT JOIN slots
                   ON slots.key = numbered.key AND slots.slot = numbered.slot
-             WHERE slots.key IS NULL OR slots.owner IS NULL OR slots.expires_at <= :now)
+             WHERE (slots.key IS NULL OR slots.owner IS NULL OR slots.expires_at <= :now)
+               AND (slots.fence IS NULL OR slots.fence < 9223372036854775807))
 INSERT INTO slots (key, slot, owner, fence, expires_at)
 SELECT free.key, free.slot, item.owner, 1, item.expires_at
 FROM item JOIN free ON free.key = item.key AND free.nth = item.nth
 WHERE free.slot < item.lim
 ON CONFLICT (key, slot) DO UPDATE
 SET owner = excluded.owner, fence = slots.fence + 1, expires_at = excluded.expires_at
-WHERE slots.owner IS NULL OR slots.expires_at <= :now
+WHERE (slots.owner IS NULL OR slots.expires_at <= :now) AND slots.fence < 9223372036854775807
 RETURNING key, slot, owner, fence;
 
 -- name: renew_slots
