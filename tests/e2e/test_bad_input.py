@@ -382,11 +382,19 @@ def test_a_fence_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
         def locked(ctx: Context) -> None:
             raise AssertionError("its lock cannot be granted")
 
-        @app.task(name="slotted", concurrency_key="bay", concurrency_limit=1, max_defer_s=0.001)
+        # Slots on a queue of their own: a batch asking for one takes the long way of the
+        # fetch, and the lock's job, alone on its queue, the one statement of lease_and_begin.
+        @app.task(
+            name="slotted",
+            queue="slots",
+            concurrency_key="bay",
+            concurrency_limit=1,
+            max_defer_s=0.001,
+        )
         def slotted(ctx: Context) -> None:
             raise AssertionError("its only slot cannot be granted")
 
-        @app.task(name="roomy", concurrency_key="yard", concurrency_limit=2)
+        @app.task(name="roomy", queue="slots", concurrency_key="yard", concurrency_limit=2)
         def roomy(ctx: Context) -> None:
             pass
 
@@ -404,7 +412,7 @@ def test_a_fence_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
             [("bay", LARGEST_FENCE), ("yard", LARGEST_FENCE)],
         )
 
-        worker = app.worker(concurrency=2, install_signal_handlers=False)
+        worker = app.worker(["default", "slots"], concurrency=2, install_signal_handlers=False)
         # A fetch that fails is retried without end: stop the worker rather than hang.
         stop = threading.Timer(30.0, worker.stop)
         stop.start()
