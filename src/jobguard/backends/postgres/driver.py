@@ -133,15 +133,7 @@ def bound(params: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class PostgresTx(NamedStatements):
-    """Named statements on one connection inside a transaction.
-
-    ``ours``: a connection of jobguard's own (its pool's, or one opened for one write), where
-    each named statement is prepared the first time it runs. psycopg would otherwise prepare it
-    only after a few runs, the server planning the text anew at each run before: about 1 ms of
-    planning for a fetch, paid again by every new connection of the pool (a worker that picks
-    up few jobs opens and closes them as it goes). A caller's own connection keeps psycopg's
-    rule.
-    """
+    """Named statements on one connection inside a transaction."""
 
     def __init__(
         self,
@@ -149,14 +141,11 @@ class PostgresTx(NamedStatements):
         queries: Mapping[str, str],
         clock: Callable[[], float] | None,
         server_clock: ServerClock,
-        *,
-        ours: bool = True,
     ) -> None:
         self._conn = conn
         self._queries = queries
         self._clock = clock
         self._server_clock = server_clock
-        self._ours = ours
 
     @property
     def connection(self) -> psycopg.Connection[Any] | LoopBridge:
@@ -165,9 +154,6 @@ class PostgresTx(NamedStatements):
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
         cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
-        if self._ours:
-            assert isinstance(cursor, psycopg.Cursor)  # a bridge is only a caller's
-            return cursor.execute(self._queries[name], bound(params), prepare=True)
         return cursor.execute(self._queries[name], bound(params))
 
     @contextmanager
@@ -460,8 +446,8 @@ class PostgresDriver:
                     self._pid = pid
         return self._pool
 
-    def _tx(self, conn: psycopg.Connection[Any] | LoopBridge, *, ours: bool = True) -> PostgresTx:
-        return PostgresTx(conn, self._queries, self._clock, self._server_clock, ours=ours)
+    def _tx(self, conn: psycopg.Connection[Any] | LoopBridge) -> PostgresTx:
+        return PostgresTx(conn, self._queries, self._clock, self._server_clock)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` in one transaction; retried if the server aborted it (deadlock), and once
@@ -565,12 +551,10 @@ class PostgresDriver:
             with conn.pipeline():
                 if block:
                     cursor.execute("BEGIN")
-                # jobguard's own statements prepared at once (see PostgresTx); the caller's
-                # keep psycopg's rule.
-                cursor.execute(self._queries[first[0]], {"now": now, **first[1]}, prepare=True)
+                cursor.execute(self._queries[first[0]], {"now": now, **first[1]})
                 for query, params in statements:
                     cursor.execute(query, params)
-                cursor.execute(self._queries[last[0]], {"now": now, **last[1]}, prepare=True)
+                cursor.execute(self._queries[last[0]], {"now": now, **last[1]})
                 if block:
                     cursor.execute("COMMIT")
         except psycopg.Error:
@@ -646,7 +630,7 @@ class PostgresDriver:
         if own not in self._adopted:
             self._check_adopted_schema(connection, own.info.dbname)
             self._adopted.add(own)
-        return self._tx(connection, ours=False)
+        return self._tx(connection)
 
     def _check_adopted_schema(
         self, connection: psycopg.Connection[Any] | LoopBridge, database: str
