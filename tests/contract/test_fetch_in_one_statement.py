@@ -21,7 +21,7 @@ from jobguard.backends.postgres import PostgresBackend
 from jobguard.backends.postgres.driver import PostgresTx
 from jobguard.exceptions import StoreUnavailableError
 from jobguard.models import BusyReason, JobStatus, OperationStatus, Outcome
-from tests.support import pg
+from tests.support import pg, stores
 from tests.support.ports import keyed_spec, rules_for
 
 RULES = rules_for("tests.keyed")
@@ -158,6 +158,28 @@ def test_a_lock_held_by_a_live_owner_is_busy_in_the_one_statement_too(
     # Its operation is not claimed while the lock it needs is busy.
     assert store.get_operation("op:2") is None
     assert held.delivery.job_id == first.id
+
+
+def test_a_lock_whose_fence_cannot_grow_is_busy_in_the_one_statement(
+    store: PostgresBackend, url: str, statements: list[str]
+) -> None:
+    """A lock whose fence was written by hand at bigint's largest value is not granted: the one
+    statement reports it busy, as a held lock, instead of failing on "bigint out of range" and
+    sending every fetch the long way."""
+    (job,) = store.enqueue_many([keyed_spec("a", "dock:1", "op:1")])
+    with psycopg.connect(stores.conninfo_of(url), autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{stores.schema_of(url)}".locks (resource, owner, fence, expires_at) '
+            "VALUES ('dock:1', NULL, %s, NULL)",
+            (2**63 - 1,),
+        )
+    statements.clear()
+    (waiting,) = fetch(store, ["a"])
+    assert writes(statements) == ["lease_and_begin"]
+    assert waiting.delivery.job_id == job.id
+    assert waiting.begun is not None
+    assert waiting.begun.busy is BusyReason.LOCK
+    assert store.get_operation("op:1") is None
 
 
 def _expired_lease(store: PostgresBackend) -> None:
