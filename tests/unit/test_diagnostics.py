@@ -1012,7 +1012,7 @@ def test_a_short_task_waiting_behind_another_tasks_long_hold_is_starved() -> Non
     assert touch.run_s == pytest.approx(0.02)
     assert not uses[("ledger:1", "report")].starved
     assert not uses[("own:1", "self")].starved
-    [finding] = resource_findings(uses.values(), [], [], jobs)
+    [finding] = resource_findings(uses.values(), [], [], jobs, [])
     assert (finding.kind, finding.task, finding.keys.resource_keys) == (
         Kind.STARVATION,
         "touch",
@@ -1138,7 +1138,7 @@ def test_a_resource_overlap_needs_a_first_delivery_that_lost_its_lock() -> None:
     assert find_resource_overlaps([handed, fresh], jobs, T0 + 10) == []
     crashed = replace(stale, outcome=Outcome.LOST, duration_s=None)
     assert find_resource_overlaps([crashed, fresh], jobs, T0 + 10) == []
-    kinds = [f.kind for f in resource_findings([], [overlap], fence_refusals([stale]), jobs)]
+    kinds = [f.kind for f in resource_findings([], [overlap], fence_refusals([stale]), jobs, [])]
     assert kinds == [Kind.RESOURCE_OVERLAP, Kind.FENCE_REFUSED]
 
 
@@ -1153,11 +1153,11 @@ def test_a_fence_refusal_names_the_resource_and_the_concurrency_key_its_jobs_hel
         attempt(job_id=job_id, task="t", fence=1, outcome=Outcome.FENCE_REFUSED)
         for job_id in (1, 2)
     ]
-    [finding] = resource_findings([], [], fence_refusals(refused), jobs)
+    [finding] = resource_findings([], [], fence_refusals(refused), jobs, [])
     assert finding.kind == Kind.FENCE_REFUSED
     assert "lost its lock or slot" in finding.summary
     assert "resource(s) order:1; concurrency key(s) api:acme" in finding.summary
-    [only_lock] = resource_findings([], [], fence_refusals(refused[:1]), jobs)
+    [only_lock] = resource_findings([], [], fence_refusals(refused[:1]), jobs, [])
     assert "lost the resource lock" in only_lock.summary
     assert only_lock.summary.endswith("(job(s) 1, resource(s) order:1)")
 

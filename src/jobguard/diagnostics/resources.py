@@ -405,7 +405,7 @@ def resource_findings(
     overlaps: Iterable[ResourceOverlap],
     refused: Iterable[Attempt],
     jobs: Mapping[int, Job],
-    overruns: Iterable[SlotOverrun] = (),
+    overruns: Iterable[SlotOverrun],
 ) -> list[Finding]:
     """Problems for resource overlaps, slot overruns and stale fences, warnings for
     starvation."""
