@@ -299,10 +299,11 @@ class Context:
                 f"ctx.{what}() name must be non-empty text of at most {MAX_STEP_NAME} "
                 f"characters, without NUL or lone surrogates, not {name!r}"
             )
-        if len(key.encode()) + len(name.encode()) > MAX_STEP_RECORD_KEY_BYTES:
+        width = len(key.encode()) + len(name.encode())
+        if width > MAX_STEP_RECORD_KEY_BYTES:
             raise StepError(
                 f"ctx.{what}() name {name!r} and the operation key together take "
-                f"{len(key.encode()) + len(name.encode())} bytes of UTF-8; a step's record "
+                f"{width} bytes of UTF-8; a step's record "
                 f"is indexed on both and holds at most {MAX_STEP_RECORD_KEY_BYTES}: use a "
                 "shorter name"
             )

@@ -44,6 +44,18 @@ def register_echo(app: App) -> Any:
     return echo
 
 
+def run_burst_within(app: App, queues: list[str] | None = None, timeout_s: float = 30.0) -> None:
+    """A burst worker of two threads, stopped after ``timeout_s``: a fetch that fails is
+    retried without end, and a test of a stalled queue must fail, not hang."""
+    worker = app.worker(queues, concurrency=2, install_signal_handlers=False)
+    stop = threading.Timer(timeout_s, worker.stop)
+    stop.start()
+    try:
+        worker.run(burst=True)
+    finally:
+        stop.cancel()
+
+
 def corrupt_payload(url: str, job_id: int, payload: str) -> None:
     """Overwrite a stored job's payload behind jobguard's back (a bad producer, a bad migration)."""
     update = f"UPDATE {stores.table(url, 'jobs')} SET payload = ? WHERE id = ?"
@@ -337,7 +349,7 @@ def test_a_count_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
         # A dedup hit counts up the holder's hits: at their largest, the enqueue still answers.
         assert echo.options(dedup_key="held").enqueue(text="again").id == held.id
 
-        app.worker(concurrency=2, install_signal_handlers=False).run(burst=True)
+        run_burst_within(app)
 
         assert [app.get_job(job.id).status for job in good] == [JobStatus.COMPLETED] * 4
         assert app.get_job(deferred.id).status == JobStatus.QUEUED  # deferred, not lost
@@ -374,7 +386,6 @@ def test_a_fence_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
     as for a busy one, buried as waited once past its max_defer_s; another slot of the same key
     is taken where the limit leaves one; every other job runs."""
     app = App(store_url)
-    stop = None
     try:
         echo = register_echo(app)
 
@@ -412,11 +423,7 @@ def test_a_fence_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
             [("bay", LARGEST_FENCE), ("yard", LARGEST_FENCE)],
         )
 
-        worker = app.worker(["default", "slots"], concurrency=2, install_signal_handlers=False)
-        # A fetch that fails is retried without end: stop the worker rather than hang.
-        stop = threading.Timer(30.0, worker.stop)
-        stop.start()
-        worker.run(burst=True)
+        run_burst_within(app, ["default", "slots"])
 
         assert [app.get_job(job.id).status for job in good] == [JobStatus.COMPLETED] * 4
         for job in waiting:
@@ -430,8 +437,6 @@ def test_a_fence_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
             ("yard", 1, 1),
         ]
     finally:
-        if stop is not None:
-            stop.cancel()
         app.close()
 
 
@@ -447,7 +452,6 @@ def test_a_key_longer_than_an_enqueue_allows_stops_no_other_job(store_url: str) 
     whose indexes take any length, holds the key and runs the job up to its step, which no
     store takes with that key. Either way the worker runs every other job of the queue."""
     app = App(store_url)
-    stop = None
     try:
         echo = register_echo(app)
 
@@ -479,11 +483,7 @@ def test_a_key_longer_than_an_enqueue_allows_stops_no_other_job(store_url: str) 
             update = f"UPDATE {jobs} SET {column} = ? WHERE id = ?"
             stores.execute(store_url, [update], [(column[0] * MAX_KEY_LENGTH, longest.id)])
 
-        worker = app.worker(concurrency=2, install_signal_handlers=False)
-        # A fetch that fails is retried without end: stop the worker rather than hang.
-        stop = threading.Timer(30.0, worker.stop)
-        stop.start()
-        worker.run(burst=True)
+        run_burst_within(app)
 
         for job in [*good, longest]:
             assert app.get_job(job.id).status == JobStatus.COMPLETED
@@ -500,8 +500,6 @@ def test_a_key_longer_than_an_enqueue_allows_stops_no_other_job(store_url: str) 
             dead = app.dlq.show(planted.id)
             assert "and the operation key together take 12005 bytes" in dead.reason
     finally:
-        if stop is not None:
-            stop.cancel()
         app.close()
 
 
