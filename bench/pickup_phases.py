@@ -10,8 +10,10 @@ In a throw-away database, one ``Worker`` runs in this process (the ``writes`` jo
 ``fetch_prepared`` timed; a producer process enqueues one job at a time at ``--rate`` and
 reports when each enqueue returned. Each job's handler records when it started (the business
 row). Printed, p50 / p90 / p99 in ms: enqueue return to the start of the fetch that took the
-job, that fetch's own time, the fetch's return to the handler's start, and the whole; and how
-many fetches the worker made, and how many of them found nothing. The compare bench
+job, that fetch's own time, the fetch's return to the handler's start, and the whole; the whole
+again for the jobs after the first ``--warm`` (a new worker's first fetches wait for its pool
+to open connections and for the server to plan its statements on each); and how many fetches
+the worker made, and how many of them found nothing. The compare bench
 (:mod:`bench.compare`) measures pickup with two worker processes; this one shows the phases.
 The output is also written to ``bench/results/pickup-phases-DATE.txt``.
 """
@@ -85,19 +87,18 @@ def measure(url: str, jobs: int, rate: int, concurrency: int) -> tuple[list[list
         worker.stop()
         running.join(60)
         module.app.close()
-    phases = []
+    by_job = {}
     for fetch_start, fetch_end, numbers in fetches:
         for n in numbers:
             if n in started:
                 begun = started[n]
-                phases.append(
-                    [
-                        1000 * (fetch_start - returned[n]),
-                        1000 * (fetch_end - fetch_start),
-                        1000 * (begun - fetch_end),
-                        1000 * (begun - returned[n]),
-                    ]
-                )
+                by_job[n] = [
+                    1000 * (fetch_start - returned[n]),
+                    1000 * (fetch_end - fetch_start),
+                    1000 * (begun - fetch_end),
+                    1000 * (begun - returned[n]),
+                ]
+    phases = [by_job[n] for n in sorted(by_job)]  # in the order the jobs were enqueued
     empty = sum(1 for *_, numbers in fetches if not numbers)
     return phases, (len(fetches), empty)
 
@@ -108,6 +109,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=250, help="jobs, enqueued one at a time")
     parser.add_argument("--rate", type=int, default=25, help="jobs per second")
     parser.add_argument("--concurrency", type=int, default=4, help="handler threads")
+    parser.add_argument(
+        "--warm", type=int, default=100, help="jobs left out of the last line (the warm-up)"
+    )
     parser.add_argument("--produce", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.produce:
@@ -116,12 +120,16 @@ def main() -> None:
         return
     command = (
         f"python -m bench.pickup_phases --jobs {args.jobs} --rate {args.rate} "
-        f"--concurrency {args.concurrency}"
+        f"--concurrency {args.concurrency} --warm {args.warm}"
     )
     with results_run("pickup-phases", command) as (say, url):
         phases, (calls, empty) = measure(url, args.jobs, args.rate, args.concurrency)
-        for index, name in enumerate(PHASES):
-            took = sorted(row[index] for row in phases)
+        lines = [(name, [row[index] for row in phases]) for index, name in enumerate(PHASES)]
+        warm = phases[args.warm :]
+        if warm:
+            lines.append((f"whole, after the first {args.warm}", [row[-1] for row in warm]))
+        for name, took in lines:
+            took.sort()
             say(
                 f"{name:31} p50 {percentile(took, 50):5.2f}  p90 {percentile(took, 90):5.2f}  "
                 f"p99 {percentile(took, 99):5.2f} ms"

@@ -16,6 +16,7 @@ import pytest
 
 from jobguard import App, JobStatus, Outcome
 from jobguard.backends.base import BeginRequest, Closing, Ending, Renewal
+from jobguard.backends.postgres import PostgresBackend
 from jobguard.backends.postgres.driver import render_queries
 from jobguard.exceptions import LeaseLostError
 from jobguard.pipeline import guard_of
@@ -215,14 +216,16 @@ def test_a_renewal_is_one_round_trip_and_counts_from_the_lease_start(
     pg_url: str, proxy: FaultProxy, napp: App
 ) -> None:
     """What keeps a short lease alive on a slow network: renewing every lease in flight is one
-    statement and one round trip (no BEGIN, clock reading nor COMMIT around it); and
-    a fetched delivery says when, on this process's clock, the store began its lease (before
-    the fetch returned)."""
+    statement and one round trip (no BEGIN, clock reading nor COMMIT around it), the first
+    time too, when the statement is prepared on its connection (its messages sent together,
+    in a pipeline: the server is ready once), and later in one message; and a fetched delivery
+    says when, on this process's clock, the store began its lease (before the fetch
+    returned)."""
     napp.tasks[BRIEF].enqueue(n=1, work_s=0.0)
     napp.tasks[BRIEF].enqueue(n=2, work_s=0.0)
-    worker_app = make_app(proxy.url_for(pg_url))
+    # One connection: the second renewal runs where the first prepared its statement.
+    backend = PostgresBackend(proxy.url_for(pg_url), pool_size=1)
     try:
-        backend = worker_app.backend
         asked_at = time.monotonic()
         fetched = backend.fetch_prepared(["default"], 2, "w", None)
         returned_at = time.monotonic()
@@ -231,12 +234,16 @@ def test_a_renewal_is_one_round_trip_and_counts_from_the_lease_start(
             assert prepared.granted_at is not None
             assert asked_at <= prepared.granted_at <= returned_at
         renewals = [Renewal(guard_of(p.delivery), LEASE_S, None) for p in fetched]
-        proxy.client_sends = 0
+        proxy.server_readies = 0
         results = backend.renew(renewals)
         assert [(r.lease_ok, r.lock_ok) for r in results] == [(True, True)] * 2
-        assert proxy.client_sends == 1
+        assert proxy.server_readies == 1
+        proxy.client_sends = proxy.server_readies = 0
+        results = backend.renew(renewals)
+        assert [(r.lease_ok, r.lock_ok) for r in results] == [(True, True)] * 2
+        assert (proxy.client_sends, proxy.server_readies) == (1, 1)
     finally:
-        worker_app.close()
+        backend.close()
 
 
 def test_a_batch_of_successes_settles_in_one_round_trip(

@@ -9,11 +9,12 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from jobguard import App, ConfigurationError, StoreUnavailableError
+from jobguard import App, ConfigurationError, Context, StoreUnavailableError
 from jobguard.backends import migrate_store
 from jobguard.backends._sql import load_migrations
 from jobguard.backends.postgres import PostgresBackend
 from jobguard.exceptions import SchemaVersionError
+from jobguard.testing import drain
 from tests.support import pg, stores
 from tests.support.procs import clean_env, entry_point
 
@@ -118,3 +119,43 @@ def test_a_url_that_cannot_reach_the_database_gets_a_clear_error(
     assert done.returncode == 3
     assert done.stderr.startswith("error:")
     assert "secret-pw" not in done.stderr
+
+
+def test_the_fetch_settle_and_db_writes_are_prepared_at_their_first_run_and_a_callers_are_not() -> (
+    None
+):
+    """jobguard prepares its hot statements (the fetch, a db_writes step's proofs and record,
+    the settle) the first time they run on a connection of its own, so that a new connection
+    of the pool does not parse and plan them anew for their first runs; the caller's statement
+    inside the step, run once, is not prepared."""
+    url = fresh_schema_url()
+    migrate_store(url)
+    # One connection in the pool: every statement of the delivery runs on it.
+    app = App(backend=PostgresBackend(url, pool_size=1))
+    notes = f'"{stores.schema_of(url)}".notes'
+    stores.execute(url, [f"CREATE TABLE {notes} (n integer PRIMARY KEY)"])
+    try:
+
+        @app.task(name="note", operation_key="note:{n}", resource_key="page:{n}")
+        def note(ctx: Context, n: int) -> None:
+            ctx.db_writes("write", [(f"INSERT INTO {notes} (n) VALUES (%s)", (n,))])
+
+        note.enqueue(n=1)
+        drain(app)
+        assert stores.query(url, f"SELECT n FROM {notes}") == [(1,)]
+
+        pool = app.backend.driver._pool_of_this_process()
+        with pool.connection() as conn:
+            prepared = [
+                row[0] for row in conn.execute("SELECT statement FROM pg_prepared_statements")
+            ]
+        for opening in (
+            "-- A fetch's pick and lease",
+            "-- The guard's proofs before a db_writes",
+            "-- A db_writes step's record",
+            "-- How deliveries end",
+        ):
+            assert any(text.lstrip().startswith(opening) for text in prepared), opening
+        assert not any(notes in text for text in prepared)
+    finally:
+        app.close()

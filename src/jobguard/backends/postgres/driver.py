@@ -132,8 +132,40 @@ def bound(params: Mapping[str, Any]) -> Mapping[str, Any]:
     return {name: Jsonb(value) if name in RECORD_LISTS else value for name, value in params.items()}
 
 
+class _FirstRuns:
+    """Which of jobguard's named statements each connection has run already.
+
+    :meth:`PostgresDriver.write_statement` prepares its statement at once (the fetch, the
+    settle, the renewals): psycopg would send the text unprepared five times first, the server
+    parsing and planning it at each (about 1 ms for the fetch), again on every new connection
+    of the pool. Outside a pipeline psycopg waits for the server to prepare before it executes
+    (a round trip more); inside one it does not, but a pipeline costs about 35 us of CPU a
+    statement. So a statement's first run on a connection goes in a pipeline, its later runs
+    (prepared) without one.
+    """
+
+    def __init__(self) -> None:
+        self._seen: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()  # connections of the pool are used by many threads
+
+    def first(self, conn: psycopg.Connection[Any], name: str) -> bool:
+        """Whether this is ``name``'s first run on ``conn`` (noted as run from now on)."""
+        with self._lock:
+            names = self._seen.setdefault(conn, set())
+            if name in names:
+                return False
+            names.add(name)
+            return True
+
+
 class PostgresTx(NamedStatements):
-    """Named statements on one connection inside a transaction."""
+    """Named statements on one connection inside a transaction.
+
+    With ``first_runs`` (an autocommit connection of jobguard's own, each statement committed
+    on its own) the statements are prepared at once; see :class:`_FirstRuns`.
+    """
 
     def __init__(
         self,
@@ -141,11 +173,13 @@ class PostgresTx(NamedStatements):
         queries: Mapping[str, str],
         clock: Callable[[], float] | None,
         server_clock: ServerClock,
+        first_runs: _FirstRuns | None = None,
     ) -> None:
         self._conn = conn
         self._queries = queries
         self._clock = clock
         self._server_clock = server_clock
+        self._first_runs = first_runs
 
     @property
     def connection(self) -> psycopg.Connection[Any] | LoopBridge:
@@ -153,8 +187,16 @@ class PostgresTx(NamedStatements):
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
-        cursor = self._conn.cursor(row_factory=dict_row)  # also on a caller's own connection
-        return cursor.execute(self._queries[name], bound(params))
+        query, values = self._queries[name], bound(params)
+        conn = self._conn
+        if self._first_runs is None or not isinstance(conn, psycopg.Connection):
+            cursor = conn.cursor(row_factory=dict_row)  # also on a caller's own connection
+            return cursor.execute(query, values)
+        cursor = conn.cursor(row_factory=dict_row)
+        if self._first_runs.first(conn, name):
+            with conn.pipeline():  # its rows are read after the pipeline's Sync
+                return cursor.execute(query, values, prepare=True)
+        return cursor.execute(query, values, prepare=True)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -407,6 +449,7 @@ class PostgresDriver:
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_pid = -1
         self._interrupt = WaitInterrupt()
+        self._first_runs = _FirstRuns()
         self._usable_checked = False
         # Callers' connections already seen to hold this schema (checked once each).
         self._adopted: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -446,8 +489,10 @@ class PostgresDriver:
                     self._pid = pid
         return self._pool
 
-    def _tx(self, conn: psycopg.Connection[Any] | LoopBridge) -> PostgresTx:
-        return PostgresTx(conn, self._queries, self._clock, self._server_clock)
+    def _tx(
+        self, conn: psycopg.Connection[Any] | LoopBridge, *, first_runs: _FirstRuns | None = None
+    ) -> PostgresTx:
+        return PostgresTx(conn, self._queries, self._clock, self._server_clock, first_runs)
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` in one transaction; retried if the server aborted it (deadlock), and once
@@ -476,7 +521,7 @@ class PostgresDriver:
         """One named write on a pooled autocommit connection; see the driver seam."""
 
         def send(conn: psycopg.Connection[Any]) -> list[Row]:
-            tx = self._tx(conn)
+            tx = self._tx(conn, first_runs=self._first_runs)
             return tx.all(name, {"now": tx.known_now(), **params})
 
         return self._write_on_its_own(name, send, ours=True)
@@ -545,16 +590,18 @@ class PostgresDriver:
         commits everything sent before the pipeline's one Sync, or, at the first failure, skips
         the rest and rolls back what ran (two statements fewer to send than BEGIN and COMMIT).
         """
-        now = self._clock() if self._clock is not None else self._server_clock.carried()
+        now = self._tx(conn).known_now()
         cursor = conn.cursor()
         try:
             with conn.pipeline():
                 if block:
                     cursor.execute("BEGIN")
-                cursor.execute(self._queries[first[0]], {"now": now, **first[1]})
+                # jobguard's own statements prepared at once (see _FirstRuns); the caller's
+                # keep psycopg's rule.
+                cursor.execute(self._queries[first[0]], {"now": now, **first[1]}, prepare=True)
                 for query, params in statements:
                     cursor.execute(query, params)
-                cursor.execute(self._queries[last[0]], {"now": now, **last[1]})
+                cursor.execute(self._queries[last[0]], {"now": now, **last[1]}, prepare=True)
                 if block:
                     cursor.execute("COMMIT")
         except psycopg.Error:
