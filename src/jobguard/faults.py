@@ -271,8 +271,8 @@ class Faults:
         effects: Callable[[], Any],
         expected: Any = 1,
     ) -> None:
-        """The store connection is lost inside the ``step``-th ``db_writes``, after its
-        statements ran and before the step record and the commit; the job is retried.
+        """The store connection is lost inside the ``step``-th ``db_writes``, after its step
+        record was written and its statements ran, before the commit; the job is retried.
 
         On PostgreSQL the server process ends itself right after the statements, in the same
         round trip (``pg_terminate_backend(pg_backend_pid())``); on SQLite the transaction

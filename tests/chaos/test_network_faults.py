@@ -270,9 +270,10 @@ def test_a_batch_of_successes_settles_in_one_round_trip(
 def test_db_writes_send_the_whole_step_transaction_in_one_round_trip(
     pg_url: str, proxy: FaultProxy, napp: App
 ) -> None:
-    """``db_writes`` sends BEGIN, the guard's proofs, the statements, the step record and
-    COMMIT at once: the server answers once (a ``db_step`` of the same one statement waits
-    for it five times: BEGIN, the proofs, the statement, the step record, COMMIT)."""
+    """``db_writes`` sends the step record with the guard's proofs and then the statements at
+    once, in the pipeline's one transaction: the server answers once (a ``db_step`` of the same
+    one statement waits for it five times: BEGIN, the proofs, the statement, the step record,
+    COMMIT)."""
     wrote = stores.table(pg_url, "wrote")
     stores.execute(pg_url, [f"CREATE TABLE {wrote} (n INTEGER PRIMARY KEY)"])
     insert = f"INSERT INTO {wrote} (n) VALUES (%s)"
@@ -301,9 +302,9 @@ def test_db_writes_send_the_whole_step_transaction_in_one_round_trip(
 def test_a_stale_delivery_s_db_writes_never_reach_the_server_s_executor(
     pg_url: str, napp: App
 ) -> None:
-    """G5.2 with everything sent at once: the proofs fail first, so the server skips the
-    statements sent after them. A sequence, which no rollback winds back, shows that its
-    ``nextval`` never ran; a current delivery's does."""
+    """G5.2 with everything sent at once: the step record's proofs fail first, so the server
+    skips the statements sent after it. A sequence, which no rollback winds back, shows that
+    its ``nextval`` never ran; a current delivery's does."""
     counter = stores.table(pg_url, "counter")
     stores.execute(pg_url, [f"CREATE SEQUENCE {counter}"])
     bump = (f"SELECT nextval('{counter}')", None)
@@ -318,3 +319,23 @@ def test_a_stale_delivery_s_db_writes_never_reach_the_server_s_executor(
     assert stores.query(pg_url, f"SELECT is_called FROM {counter}") == [(False,)]
     assert backend.db_writes(guard, "seq:1", "bump", [bump]) is True
     assert stores.query(pg_url, f"SELECT last_value, is_called FROM {counter}") == [(1, True)]
+
+
+def test_the_db_writes_of_a_step_recorded_already_never_reach_the_server_s_executor(
+    pg_url: str, napp: App
+) -> None:
+    """The step's record goes first in its transaction: when the step was recorded already
+    (by another delivery that ran it), the record fails as a duplicate and the server skips
+    the statements sent after it, instead of running them and rolling them back. The
+    sequence's ``nextval`` ran once, for the first run."""
+    counter = stores.table(pg_url, "counter")
+    stores.execute(pg_url, [f"CREATE SEQUENCE {counter}"])
+    bump = (f"SELECT nextval('{counter}')", None)
+    napp.tasks[BRIEF].enqueue(n=1, work_s=0.0)
+    backend = napp.backend
+    (prepared,) = backend.fetch_prepared(["default"], 1, "w", None)
+    guard = guard_of(prepared.delivery)
+    assert backend.begin(guard, BeginRequest(operation_key="seq:1")).busy is None
+    assert backend.db_writes(guard, "seq:1", "bump", [bump]) is True
+    assert backend.db_writes(guard, "seq:1", "bump", [bump]) is False
+    assert stores.query(pg_url, f"SELECT last_value FROM {counter}") == [(1,)]

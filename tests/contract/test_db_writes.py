@@ -78,6 +78,24 @@ def test_writes_commit_with_their_step_record_once(
     assert rows(backend, invoices) == [(42, None), (43, None)]
 
 
+def test_writes_of_a_step_recorded_already_are_not_run_and_say_so(
+    backend: Backend, clock: ControlledClock, invoices: str
+) -> None:
+    """G5.1: a retry whose statements would commit on their own (another order's invoice)
+    finds the step recorded: it runs none of them and says so; neither a duplicate record nor
+    the store is an error."""
+    guard = deliver(backend, visibility_timeout_s=5.0)
+    begin_operation(backend, guard, KEY, None)
+    assert backend.db_writes(guard, KEY, "invoice", [insert(backend, invoices, 42)]) is True
+
+    clock.advance(5.0)
+    (redelivered,) = fetch(backend, ["default"], 1, "w2")
+    retry = guard_of(redelivered)
+    begin_operation(backend, retry, KEY, None)
+    assert backend.db_writes(retry, KEY, "invoice", [insert(backend, invoices, 43)]) is False
+    assert rows(backend, invoices) == [(42, None)]
+
+
 @pytest.mark.parametrize("staleness", sorted(STALE_GUARDS))
 def test_writes_of_a_stale_guard_are_refused_and_nothing_commits(
     backend: Backend, clock: ControlledClock, invoices: str, staleness: str

@@ -124,8 +124,8 @@ def test_a_url_that_cannot_reach_the_database_gets_a_clear_error(
 def test_the_fetch_settle_and_db_writes_are_prepared_at_their_first_run_and_a_callers_are_not() -> (
     None
 ):
-    """jobguard prepares its hot statements (the fetch, a db_writes step's proofs and record,
-    the settle) the first time they run on a connection of its own, so that a new connection
+    """jobguard prepares its hot statements (the fetch, a db_writes step's record with its
+    proofs, the settle) the first time they run on a connection of its own, so that a new connection
     of the pool does not parse and plan them anew for their first runs; the caller's statement
     inside the step, run once, is not prepared."""
     url = fresh_schema_url()
@@ -151,7 +151,6 @@ def test_the_fetch_settle_and_db_writes_are_prepared_at_their_first_run_and_a_ca
             ]
         for opening in (
             "-- A fetch's pick and lease",
-            "-- The guard's proofs before a db_writes",
             "-- A db_writes step's record",
             "-- How deliveries end",
         ):

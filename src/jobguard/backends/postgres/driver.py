@@ -550,12 +550,10 @@ class PostgresDriver:
                 raise StoreUnavailableError(f"PostgreSQL write failed: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def write_together(
-        self, first: NamedCall, statements: Sequence[tuple[Any, Any]], last: NamedCall
-    ) -> None:
+    def write_together(self, first: NamedCall, statements: Sequence[tuple[Any, Any]]) -> None:
         """One transaction sent in one round trip (a psycopg pipeline): the named statement
-        ``first``, the caller's ``statements`` (SQL text and parameters, each checked before
-        anything is sent as a db_step's are), the named statement ``last``. When every one of
+        ``first``, then the caller's ``statements`` (SQL text and parameters, each checked
+        before anything is sent as a db_step's are). When every one of
         ``statements`` is plain DML (:func:`runs_alike_without_block`) they run in the
         pipeline's implicit transaction, committed at its end; otherwise between BEGIN and
         COMMIT.
@@ -570,7 +568,7 @@ class PostgresDriver:
         def send(conn: psycopg.Connection[Any]) -> None:
             starts = [check_step_statement(conn, query) for query, _ in statements]
             block = not all(runs_alike_without_block(words) for words in starts)
-            self._send_together(conn, first, statements, last, block=block)
+            self._send_together(conn, first, statements, block=block)
 
         self._write_on_its_own("a statement", send, ours=False)
 
@@ -579,7 +577,6 @@ class PostgresDriver:
         conn: psycopg.Connection[Any],
         first: NamedCall,
         statements: Sequence[tuple[Any, Any]],
-        last: NamedCall,
         *,
         block: bool,
     ) -> None:
@@ -596,12 +593,11 @@ class PostgresDriver:
             with conn.pipeline():
                 if block:
                     cursor.execute("BEGIN")
-                # jobguard's own statements prepared at once (see _FirstRuns); the caller's
+                # jobguard's own statement prepared at once (see _FirstRuns); the caller's
                 # keep psycopg's rule.
                 cursor.execute(self._queries[first[0]], {"now": now, **first[1]}, prepare=True)
                 for query, params in statements:
                     cursor.execute(query, params)
-                cursor.execute(self._queries[last[0]], {"now": now, **last[1]}, prepare=True)
                 if block:
                     cursor.execute("COMMIT")
         except psycopg.Error:

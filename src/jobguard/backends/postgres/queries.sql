@@ -614,30 +614,13 @@ WHERE EXISTS (SELECT 1 FROM {schema}.jobs
   AND EXISTS (SELECT 1 FROM {schema}.operations
               WHERE key = %(key)s AND owner_lease = %(lease_token)s);
 
--- name: prove_guard_or_fail
--- The guard's proofs before a db_writes step's statements, sent with them in one round trip:
--- the lease current, no newer fence on the resource's lock nor on the concurrency slot, the
--- operation's claim held by this lease. When one fails the statement fails (a division by
--- zero), so the server runs none of the statements sent after it, COMMIT included.
-SELECT 1 / CASE
-    WHEN EXISTS (SELECT 1 FROM {schema}.jobs
-                 WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running')
-     AND (%(resource)s::text IS NULL
-          OR coalesce((SELECT fence FROM {schema}.locks WHERE resource = %(resource)s::text), 0)
-             <= %(fence)s::bigint)
-     AND (%(slot_key)s::text IS NULL
-          OR coalesce((SELECT fence FROM {schema}.slots
-                       WHERE key = %(slot_key)s::text AND slot = %(slot)s::integer), 0)
-             <= %(slot_fence)s::bigint)
-     AND EXISTS (SELECT 1 FROM {schema}.operations
-                 WHERE key = %(key)s AND owner_lease = %(lease_token)s)
-    THEN 1 ELSE 0 END AS proven;
-
 -- name: insert_step_or_fail
--- A db_writes step's record, last before its COMMIT in the same round trip, with every proof
--- checked again as insert_step checks them (the lock row held FOR SHARE until COMMIT). Writing
--- no row fails the statement (a division by zero), so the COMMIT after it does not run and
--- the step's statements roll back with it.
+-- A db_writes step's record, first in its transaction and sent with the step's statements in
+-- one round trip, written only while every proof holds, as insert_step checks them (the lock
+-- row held FOR SHARE until COMMIT, so a takeover's grant waits for this transaction; another
+-- delivery's record of the step, not committed yet, makes this one wait and then fail as a
+-- duplicate). Writing no row fails the statement (a division by zero), so the server runs
+-- none of the statements sent after it, COMMIT included.
 WITH recorded AS (
     INSERT INTO {schema}.steps (operation_key, name, result, fence, created_at)
     SELECT %(key)s, %(name)s, %(result)s, %(fence)s,

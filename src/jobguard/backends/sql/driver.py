@@ -78,19 +78,17 @@ class Driver(Protocol):
         """
 
     def write_together(
-        self,
-        first: tuple[str, Params],
-        statements: Sequence[tuple[Any, Any]],
-        last: tuple[str, Params],
+        self, first: tuple[str, Params], statements: Sequence[tuple[Any, Any]]
     ) -> None:
-        """Run, in one transaction, the named statement ``first``, the caller's ``statements``
-        (SQL text and parameters, refused before anything runs if one would end the
-        transaction) and the named statement ``last``; on PostgreSQL all of it, its commit
-        included, is sent in one round trip.
+        """Run, in one transaction, the named statement ``first`` and then the caller's
+        ``statements`` (SQL text and parameters, refused before anything runs if one would end
+        the transaction); on PostgreSQL all of it, its commit included, is sent in one round
+        trip.
 
-        ``first`` and ``last`` prove: each returns a row whose ``proven`` is true, or fails (on
-        PostgreSQL, where nothing can be read between the statements, it fails the statement).
-        Whatever does not prove or fails stops the write, and nothing of it commits: raised as
+        ``first`` proves: it returns a row whose ``proven`` is true, or fails (on PostgreSQL,
+        where nothing can be read between the statements, it fails the statement, and the
+        server runs none of those after it). Whatever does not prove or fails stops the write,
+        and nothing of it commits: raised as
         :class:`StatementRefused`, caused by the database's error. :class:`StatementCutOff`
         when the connection broke (it may have committed); any other failure as a
         :class:`~jobguard.exceptions.StoreUnavailableError`.

@@ -529,10 +529,12 @@ class Proofs:
     def db_writes(
         self, guard: Guard, key: str, name: str, statements: Sequence[tuple[Any, Any]]
     ) -> bool:
-        """Run the statements and record the step (result ``null``), in one transaction sent
-        at once: the guard's proofs first, so that a stale delivery's statements never run,
-        and again with the step record (see :meth:`Driver.write_together`). Whether they ran:
-        False when the step was recorded already."""
+        """Record the step (result ``null``) and run the statements, in one transaction sent
+        at once (see :meth:`Driver.write_together`). The record comes first, written only while
+        every proof holds, so that a stale delivery's statements never run, nor those of a
+        step recorded already: another delivery's record of the step, not yet committed, makes
+        this one wait for it and then fail as a duplicate. Whether they ran: False when the
+        step was recorded already."""
         params = {
             "key": key,
             "name": name,
@@ -544,9 +546,7 @@ class Proofs:
             **slot_proof(guard),
         }
         try:
-            self.driver.write_together(
-                ("prove_guard_or_fail", params), statements, ("insert_step_or_fail", params)
-            )
+            self.driver.write_together(("insert_step_or_fail", params), statements)
         except StatementRefused as refused:
             # Which part failed, read afterwards: a stale guard stays stale (a lost lease, a
             # newer fence and a taken claim never come back), a recorded step stays recorded.

@@ -209,16 +209,13 @@ class SQLiteDriver:
         return self.write(lambda tx: tx.all(name, {"now": tx.now(), **params}))
 
     def write_together(
-        self,
-        first: tuple[str, Mapping[str, Any]],
-        statements: Sequence[tuple[Any, Any]],
-        last: tuple[str, Mapping[str, Any]],
+        self, first: tuple[str, Mapping[str, Any]], statements: Sequence[tuple[Any, Any]]
     ) -> None:
-        """The named statement ``first``, the caller's ``statements`` and the named statement
-        ``last`` in one (grouped) transaction: a process of this host has no round trips to
-        save, so they run one after the other. ``first`` and ``last`` prove by returning a row
-        whose ``proven`` is true; one that does not, or a statement that fails, stops the
-        write (:class:`StatementRefused`, caused by the failure) and nothing of it commits."""
+        """The named statement ``first`` and then the caller's ``statements`` in one (grouped)
+        transaction: a process of this host has no round trips to save, so they run one after
+        the other. ``first`` proves by returning a row whose ``proven`` is true; if it does
+        not, or a statement fails, the write stops (:class:`StatementRefused`, caused by the
+        failure) and nothing of it commits."""
 
         def op(tx: SQLiteTx) -> None:
             _proven(tx.one(first[0], {"now": tx.now(), **first[1]}), first[0])
@@ -228,7 +225,6 @@ class SQLiteDriver:
                         conn.execute(query, () if params is None else params)
                     except StepSQLError as exc:
                         raise StatementRefused(f"SQLite refused a statement: {exc}") from exc
-            _proven(tx.one(last[0], {"now": tx.now(), **last[1]}), last[0])
 
         self.write(op)
 

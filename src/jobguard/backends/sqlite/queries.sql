@@ -424,24 +424,12 @@ WHERE EXISTS (SELECT 1 FROM jobs
           <= :slot_fence)
   AND EXISTS (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token);
 
--- name: prove_guard_or_fail
--- The guard's proofs before a db_writes step's statements, as PostgreSQL's (which fails there,
--- ahead of the statements sent with it): here the driver reads proven and stops the write.
-SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM jobs
-                 WHERE id = :job_id AND lease_token = :lease_token AND status = 'running')
-     AND (:resource IS NULL
-          OR coalesce((SELECT fence FROM locks WHERE resource = :resource), 0) <= :fence)
-     AND (:slot_key IS NULL
-          OR coalesce((SELECT fence FROM slots WHERE key = :slot_key AND slot = :slot), 0)
-             <= :slot_fence)
-     AND EXISTS (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token)
-    THEN 1 ELSE 0 END AS proven;
-
 -- name: insert_step_or_fail
--- A db_writes step's record with every proof checked again, as insert_step; it returns the row
--- it wrote, and the driver stops the write when there is none.
-INSERT INTO steps (operation_key, name, result, fence, created_at)
+-- A db_writes step's record, first in its transaction, written only while every proof holds,
+-- as insert_step checks them, and not over a record of the step already there; it returns the
+-- row it wrote, and the driver stops the write (before the step's statements) when there is
+-- none.
+INSERT OR IGNORE INTO steps (operation_key, name, result, fence, created_at)
 SELECT :key, :name, :result, :fence, :now
 WHERE EXISTS (SELECT 1 FROM jobs
               WHERE id = :job_id AND lease_token = :lease_token AND status = 'running')
