@@ -258,6 +258,7 @@ class Worker:
         :class:`~jobguard.exceptions.StoreBrokenError`. It still shut down as on SIGTERM.
         """
         restore = self._install_signals()
+        self.app.backend.expect_handlers(self.concurrency)
         for _ in range(self.concurrency):
             self._start_handler()
         self._settler.start()

@@ -3,13 +3,15 @@ changes nothing."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
+import threading
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
-from jobguard import App, ConfigurationError, Context, StoreUnavailableError
+from jobguard import App, ConfigurationError, Context, Outcome, StoreUnavailableError
 from jobguard.backends import migrate_store
 from jobguard.backends._sql import load_migrations
 from jobguard.backends.postgres import PostgresBackend
@@ -158,3 +160,44 @@ def test_the_fetch_settle_and_db_writes_are_prepared_at_their_first_run_and_a_ca
         assert not any(notes in text for text in prepared)
     finally:
         app.close()
+
+
+def test_a_worker_of_more_handler_threads_than_the_default_pool_has_a_connection_for_each() -> None:
+    """The default pool holds 10 connections; a worker of 16 handler threads, all inside a
+    db_step at once (each holding a connection until all 16 are in), gets a connection for
+    every one of them: the pool grows to the worker's handlers and its own loops, so no
+    handler waits for another to finish."""
+    url = fresh_schema_url()
+    migrate_store(url)
+    app = App(url)
+    handlers = 16
+    together = threading.Barrier(handlers, timeout=20.0)
+    try:
+
+        @app.task(name="hold", operation_key="hold:{n}", max_attempts=1)
+        def hold(ctx: Context, n: int) -> None:
+            ctx.db_step("all-in", lambda conn: together.wait() * 0)
+
+        jobs = [hold.enqueue(n=n) for n in range(handlers)]
+        drain(app, concurrency=handlers, timeout_s=90)
+        outcomes = [[a.outcome for a in app.attempts(job_id=job.id)] for job in jobs]
+        assert outcomes == [[Outcome.COMPLETED]] * handlers
+    finally:
+        app.close()
+
+
+def test_a_pool_size_given_below_a_workers_handlers_is_kept_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = fresh_schema_url()
+    migrate_store(url)
+    backend = PostgresBackend(url, pool_size=4)
+    try:
+        with caplog.at_level(logging.WARNING, logger="jobguard.store"):
+            backend.expect_handlers(8)
+        assert [record.getMessage() for record in caplog.records] == [
+            "pool_size=4 is below the 12 connections a worker of 8 handler threads may use at "
+            "once: handlers will wait for connections"
+        ]
+    finally:
+        backend.close()

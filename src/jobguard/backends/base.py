@@ -308,6 +308,10 @@ class QueuePort(Protocol):
         A wake-up can be spurious and one can be missed: callers poll again after ``timeout_s``.
         """
 
+    def expect_handlers(self, handlers: int) -> None:
+        """A worker of this process runs up to ``handlers`` handler threads at once, each of
+        which may hold a store connection: keep room for them."""
+
     def interrupt_wait(self) -> None:
         """End a :meth:`wait_for_jobs` under way in this process now, or the next one if none
         is (a worker stopping need not sleep out its poll interval). Never raises.

@@ -16,7 +16,8 @@ class PostgresBackend(SQLStore):
     Args:
         url: ``postgresql://user:password@host:port/dbname`` (``?schema=name`` optional).
         schema: The schema holding jobguard's tables (default ``jobguard``; overrides the URL's).
-        pool_size: Most connections this process opens (default 10).
+        pool_size: Most connections this process opens (default 10, or a worker's handler
+            threads plus 4 when that is more).
         clock: The store clock; default the database's ``clock_timestamp()``. Tests inject one.
     """
 
@@ -25,7 +26,7 @@ class PostgresBackend(SQLStore):
         url: str,
         *,
         schema: str | None = None,
-        pool_size: int = 10,
+        pool_size: int | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(PostgresDriver(url, schema=schema, pool_size=pool_size, clock=clock))

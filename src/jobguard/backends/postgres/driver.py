@@ -9,6 +9,7 @@ transactions retried when the server aborts them for a deadlock or a serializati
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -54,6 +55,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 T = TypeVar("T")
+log = logging.getLogger("jobguard.store")
+_DEFAULT_POOL_SIZE = 10
+# A worker's own threads that use the store beside its handlers: the fetch, the settle, the
+# renewals and the schedules.
+_WORKER_LOOPS = 4
 # A named statement of queries.sql and its parameters.
 NamedCall = tuple[str, Mapping[str, Any]]
 
@@ -407,7 +413,8 @@ class PostgresDriver:
     Args:
         url: ``postgresql://…`` (``?schema=name`` optional).
         schema: jobguard's schema (default ``jobguard``; wins over the URL's).
-        pool_size: Most connections this process opens.
+        pool_size: Most connections this process opens; by default 10, or more when a worker
+            of this process runs more handler threads (:meth:`expect_handlers`).
         clock: The store clock; default the server's. Tests inject one.
 
     Raises:
@@ -425,10 +432,12 @@ class PostgresDriver:
         url: str,
         *,
         schema: str | None = None,
-        pool_size: int = 10,
+        pool_size: int | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+        if pool_size is not None and (
+            isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1
+        ):
             raise ConfigurationError(f"pool_size must be an integer >= 1, not {pool_size!r}")
         parsed = parse_postgres_url(url, schema)
         self.url = parsed.display
@@ -442,7 +451,8 @@ class PostgresDriver:
 
         with self.connect() as conn:
             check_schema(conn, self.schema)
-        self._pool_size = pool_size
+        self._pool_size = _DEFAULT_POOL_SIZE if pool_size is None else pool_size
+        self._pool_size_given = pool_size is not None
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pid = -1
         self._guard = threading.Lock()
@@ -462,6 +472,27 @@ class PostgresDriver:
             raise StoreUnavailableError(
                 f"cannot connect to PostgreSQL at {self.url}: {self._redact(str(exc).strip())}"
             ) from exc
+
+    def expect_handlers(self, handlers: int) -> None:
+        """Room in the pool for a worker of ``handlers`` threads, each of which may hold a
+        connection (in a step) beside the worker's own loops; a pool_size given that is
+        smaller is kept, and said in a warning."""
+        wanted = handlers + _WORKER_LOOPS
+        with self._guard:
+            if wanted <= self._pool_size:
+                return
+            if self._pool_size_given:
+                log.warning(
+                    "pool_size=%d is below the %d connections a worker of %d handler threads "
+                    "may use at once: handlers will wait for connections",
+                    self._pool_size,
+                    wanted,
+                    handlers,
+                )
+                return
+            self._pool_size = wanted
+            if self._pool is not None and self._pid == os.getpid():
+                self._pool.resize(min_size=1, max_size=wanted)
 
     def _pool_of_this_process(self) -> ConnectionPool[psycopg.Connection[Any]]:
         pid = os.getpid()

@@ -129,6 +129,10 @@ class Driver(Protocol):
     def interrupt_wait(self) -> None:
         """End this process's :meth:`wait_for_jobs` now, or its next one (never raises)."""
 
+    def expect_handlers(self, handlers: int) -> None:
+        """A worker of this process runs up to ``handlers`` handler threads, each of which may
+        hold a connection: keep room for them (PostgreSQL sizes its pool)."""
+
     def close(self) -> None:
         """Close this process's connections."""
 

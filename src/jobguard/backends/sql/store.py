@@ -87,6 +87,10 @@ class SQLStore:
         """Close this process's connections."""
         self.driver.close()
 
+    def expect_handlers(self, handlers: int) -> None:
+        """Keep room for a worker of ``handlers`` threads (see the driver's)."""
+        self.driver.expect_handlers(handlers)
+
     def now(self) -> float:
         """The store clock."""
         return self.driver.now()

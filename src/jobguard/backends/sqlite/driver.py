@@ -352,6 +352,10 @@ class SQLiteDriver:
         """End this process's :meth:`wait_for_jobs` now (a worker stopping)."""
         self._waker.interrupt()
 
+    def expect_handlers(self, handlers: int) -> None:
+        """Nothing to size: each thread reads on a connection of its own, and the writes of
+        every thread go through one writer."""
+
     def close(self) -> None:
         """Close this process's connections and its wake-up socket."""
         self._waker.close()
