@@ -64,7 +64,9 @@ def paused_after(
     """Pause ``store``'s transactions after ``statement`` until ``go`` is set."""
     paused, go = threading.Event(), threading.Event()
     make_tx = store.driver._tx
-    store.driver._tx = lambda conn: _PausingTx(make_tx(conn), statement, paused, go)  # type: ignore[method-assign,assignment]
+    store.driver._tx = lambda conn, **options: _PausingTx(  # type: ignore[method-assign]
+        make_tx(conn, **options), statement, paused, go
+    )
     try:
         yield paused, go
     finally:
