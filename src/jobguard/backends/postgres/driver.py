@@ -584,10 +584,9 @@ class PostgresDriver:
     def write_together(self, first: NamedCall, statements: Sequence[tuple[Any, Any]]) -> None:
         """One transaction sent in one round trip (a psycopg pipeline): the named statement
         ``first``, then the caller's ``statements`` (SQL text and parameters, each checked
-        before anything is sent as a db_step's are). When every one of
-        ``statements`` is plain DML (:func:`runs_alike_without_block`) they run in the
-        pipeline's implicit transaction, committed at its end; otherwise between BEGIN and
-        COMMIT.
+        before anything is sent as a db_step's are). When every one of ``statements`` is plain
+        DML (:func:`runs_alike_without_block`) they run in the pipeline's implicit transaction,
+        committed at its end; otherwise between BEGIN and COMMIT.
 
         The server stops at the first statement that fails and skips the rest, the commit
         included: then nothing of it commits. Run again if the server aborted it (a deadlock).
@@ -618,7 +617,7 @@ class PostgresDriver:
         commits everything sent before the pipeline's one Sync, or, at the first failure, skips
         the rest and rolls back what ran (two statements fewer to send than BEGIN and COMMIT).
         """
-        now = self._tx(conn).known_now()
+        now = self._clock() if self._clock is not None else self._server_clock.carried()
         cursor = conn.cursor()
         try:
             with conn.pipeline():

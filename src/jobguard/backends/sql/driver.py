@@ -88,10 +88,9 @@ class Driver(Protocol):
         ``first`` proves: it returns a row whose ``proven`` is true, or fails (on PostgreSQL,
         where nothing can be read between the statements, it fails the statement, and the
         server runs none of those after it). Whatever does not prove or fails stops the write,
-        and nothing of it commits: raised as
-        :class:`StatementRefused`, caused by the database's error. :class:`StatementCutOff`
-        when the connection broke (it may have committed); any other failure as a
-        :class:`~jobguard.exceptions.StoreUnavailableError`.
+        and nothing of it commits: raised as :class:`StatementRefused`, caused by the
+        database's error. :class:`StatementCutOff` when the connection broke (it may have
+        committed); any other failure as a :class:`~jobguard.exceptions.StoreUnavailableError`.
         """
 
     def read(self, fn: Callable[[Tx], T]) -> T:
