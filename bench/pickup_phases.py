@@ -13,7 +13,8 @@ row). Printed, p50 / p90 / p99 in ms: enqueue return to the start of the fetch t
 job, that fetch's own time, the fetch's return to the handler's start, and the whole; the whole
 again for the jobs after the first ``--warm`` (a new worker's first fetches wait for its pool
 to open connections and for the server to plan its statements on each); and how many fetches
-the worker made, and how many of them found nothing. The compare bench
+the worker made, how many of them found nothing, and how many jobs waited more than 10 ms
+for their fetch (not taken at their own wake-up). The compare bench
 (:mod:`bench.compare`) measures pickup with two worker processes; this one shows the phases.
 The output is also written to ``bench/results/pickup-phases-DATE.txt``.
 """
@@ -35,6 +36,9 @@ from bench.measure import load, pace
 from bench.procs import bench_env
 from jobguard.diagnostics.durations import percentile
 
+# A fetch this late after an enqueue was not woken by that enqueue (a wake-up is well under
+# 1 ms): it waited for the next job's wake-up or for the poll.
+LATE_MS = 10.0
 PHASES = ("enqueue return to fetch start", "fetch", "fetch return to handler start", "whole")
 
 
@@ -135,6 +139,8 @@ def main() -> None:
                 f"p99 {percentile(took, 99):5.2f} ms"
             )
         say(f"{len(phases)} jobs, {calls} fetches, {empty} of them found nothing")
+        late = sum(1 for row in phases if row[0] > LATE_MS)
+        say(f"{late} jobs waited more than {LATE_MS:.0f} ms from their enqueue to their fetch")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from jobguard import App, ConfigurationError, Context, Outcome, StoreUnavailable
 from jobguard.backends import migrate_store
 from jobguard.backends._sql import load_migrations
 from jobguard.backends.postgres import PostgresBackend
+from jobguard.backends.postgres import driver as postgres_driver
+from jobguard.backends.postgres.clock import ServerClock
 from jobguard.exceptions import SchemaVersionError
 from jobguard.testing import drain
 from tests.support import pg, stores
@@ -201,3 +203,58 @@ def test_a_pool_size_given_below_a_workers_handlers_is_kept_and_said(
         ]
     finally:
         backend.close()
+
+
+class StoppedHostClock:
+    """A host clock that moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def test_a_job_due_now_is_ready_for_a_fetch_after_its_commit_whatever_each_process_carries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each process carries its own reading of the server's clock, off by up to half that
+    reading's round trip. A job due now is stamped by the server and judged ready on the
+    server's clock, so the fetch that follows its enqueue's wake-up takes it even when the
+    producer's reading runs ahead and the worker's behind; a job due later still waits."""
+    hosts: list[StoppedHostClock] = []
+
+    def server_clock_on_a_stopped_host() -> ServerClock:
+        hosts.append(StoppedHostClock())
+        return ServerClock(hosts[-1].now)
+
+    monkeypatch.setattr(postgres_driver, "ServerClock", server_clock_on_a_stopped_host)
+    url = fresh_schema_url()
+    migrate_store(url)
+    producer = App(backend=PostgresBackend(url))
+    worker = PostgresBackend(url)
+    try:
+        producer.backend.now(), worker.now()  # each reads the server's clock once, then carries it
+        # The producer's reading now runs 0.9 s ahead of the server's; the worker's host clock
+        # stays where it was read, so its reading falls behind the server's as time passes.
+        hosts[0].t += 0.9
+
+        @producer.task(name="plain", operation_key="plain:{n}", resource_key="plain:{n}")
+        def plain(ctx: Context, n: int) -> None:
+            """Not run: the test fetches by hand."""
+
+        @producer.task(
+            name="limited", operation_key="limited:{n}", concurrency_key="one", concurrency_limit=1
+        )
+        def limited(ctx: Context, n: int) -> None:
+            """Not run: a concurrency slot takes the fetch's longer way."""
+
+        plain.options(delay_s=30).enqueue(n=0)
+        for task in (plain, limited):
+            job = task.enqueue(n=1)
+            rules = {name: t.delivery_rules() for name, t in producer.tasks.items()}
+            found = worker.fetch_prepared([job.queue], 10, "w1", rules)
+            assert [item.delivery.job_id for item in found] == [job.id], task.name
+    finally:
+        worker.close()
+        producer.close()

@@ -216,12 +216,11 @@ class PostgresTx(NamedStatements):
             return self._clock()
         return self._server_clock.now(self.read_server_clock)
 
-    def known_now(self) -> float | None:
-        """The store clock if known without a round trip (injected, or a carried reading);
-        ``None``: a statement given it reads the server's clock itself."""
-        if self._clock is not None:
-            return self._clock()
-        return self._server_clock.carried()
+    def statement_now(self) -> float | None:
+        """An injected store clock's time; ``None``: the statement reads the server's clock
+        itself (a carried reading is off by up to half its round trip, in either direction,
+        and by a different amount in each process)."""
+        return None if self._clock is None else self._clock()
 
     def read_server_clock(self) -> float:
         """Ask the server for its clock on this transaction's connection (one round trip)."""
@@ -553,7 +552,7 @@ class PostgresDriver:
 
         def send(conn: psycopg.Connection[Any]) -> list[Row]:
             tx = self._tx(conn, first_runs=self._first_runs)
-            return tx.all(name, {"now": tx.known_now(), **params})
+            return tx.all(name, {"now": tx.statement_now(), **params})
 
         return self._write_on_its_own(name, send, ours=True)
 
@@ -617,7 +616,7 @@ class PostgresDriver:
         commits everything sent before the pipeline's one Sync, or, at the first failure, skips
         the rest and rolls back what ran (two statements fewer to send than BEGIN and COMMIT).
         """
-        now = self._clock() if self._clock is not None else self._server_clock.carried()
+        now = None if self._clock is None else self._clock()  # None: the server's clock
         cursor = conn.cursor()
         try:
             with conn.pipeline():

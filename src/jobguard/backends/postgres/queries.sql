@@ -36,14 +36,17 @@ SELECT pg_advisory_xact_lock(hashtext('jobguard.dedup'), hashtext(%(dedup_key)s)
 UPDATE {schema}.jobs SET dedup_hits = least(dedup_hits + 1::bigint, 2147483647) WHERE id = %(id)s;
 
 -- name: insert_job
+-- %(run_at)s NULL: due now on the server's clock, read by the statement (a fetch after the
+-- commit, judging on that clock, finds the job ready).
 INSERT INTO {schema}.jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
                   dedup_window_s, headers, soft_time_limit_s, time_limit_s, concurrency_key,
                   concurrency_limit, created_at)
-VALUES (%(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, %(run_at)s, %(run_at)s, %(max_attempts)s,
-        %(visibility_timeout_s)s, %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s,
-        %(dedup_window_s)s, %(headers)s, %(soft_time_limit_s)s, %(time_limit_s)s, %(concurrency_key)s,
-        %(concurrency_limit)s, %(now)s)
+SELECT %(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, due.at, due.at, %(max_attempts)s,
+       %(visibility_timeout_s)s, %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s,
+       %(dedup_window_s)s, %(headers)s, %(soft_time_limit_s)s, %(time_limit_s)s, %(concurrency_key)s,
+       %(concurrency_limit)s, %(now)s
+FROM (SELECT coalesce(%(run_at)s::float8, extract(epoch FROM clock_timestamp())::float8) AS at) AS due
 RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
 -- name: close_lost_attempts
@@ -662,7 +665,8 @@ SELECT
 -- name: any_ready
 -- A cheap read-only look before taking the write lock for a fetch.
 SELECT 1 FROM {schema}.jobs
-WHERE queue = ANY(%(queues)s::text[]) AND status IN ('queued', 'running') AND available_at <= %(now)s
+WHERE queue = ANY(%(queues)s::text[]) AND status IN ('queued', 'running')
+  AND available_at <= coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
   AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = jobs.queue)
 LIMIT 1;
 

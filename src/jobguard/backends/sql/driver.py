@@ -47,6 +47,12 @@ class Tx(Protocol):
     def now(self) -> float:
         """The store clock, in seconds since the epoch, as this transaction sees it."""
 
+    def statement_now(self) -> float | None:
+        """The store clock's time to give a statement as ``%(now)s``, or ``None`` where the
+        statement reads the store's clock itself (PostgreSQL's server clock, unless a test
+        injected one): a job's readiness, written by one process and judged by another, is
+        then on one clock, not on two processes' carried readings of it."""
+
 
 class Driver(Protocol):
     """Connections, transactions, the clock and wake-ups of one SQL database."""

@@ -53,6 +53,7 @@ def insert_row(tx: Tx, spec: JobSpec, now: float, *, key_locked: bool = False) -
         if existing is not None:
             tx.run("count_dedup_hit", {"id": existing["id"]})
             return existing, True
+    stamp = tx.statement_now()
     row = tx.one(
         "insert_job",
         {
@@ -60,7 +61,9 @@ def insert_row(tx: Tx, spec: JobSpec, now: float, *, key_locked: bool = False) -
             "queue": spec.queue,
             "payload": spec.payload,
             "priority": spec.priority,
-            "run_at": now + spec.delay_s,
+            # Due now on PostgreSQL's own clock: stamped by the server, so no fetch that
+            # starts after the commit finds it in the future (see Tx.statement_now).
+            "run_at": None if spec.delay_s == 0 and stamp is None else now + spec.delay_s,
             "max_attempts": spec.max_attempts,
             "visibility_timeout_s": spec.visibility_timeout_s,
             "operation_key": spec.operation_key,
@@ -137,7 +140,8 @@ class Leases:
         # Idle polling must not queue up behind writers: look first, on a read connection.
         # While jobs keep coming the look is a wasted round trip.
         def ready(tx: Tx) -> bool:
-            return tx.one("any_ready", {"queues": list(queues), "now": tx.now()}) is not None
+            params = {"queues": list(queues), "now": tx.statement_now()}
+            return tx.one("any_ready", params) is not None
 
         if not self._expect_work and not self.driver.read(ready):
             return []
@@ -146,8 +150,7 @@ class Leases:
 
         def op(tx: Tx) -> list[Prepared]:
             granted_at = time.monotonic()  # before the lease's start is read from the store
-            now = tx.now()
-            picked = self._pick(tx, rest, limit - len(prepared), task_rules, worker_id, now)
+            picked, now = self._pick(tx, rest, limit - len(prepared), task_rules, worker_id)
             waiting = [row for row in picked if not _leased(row)]
             spent = self._close_expired(tx, waiting, task_rules, now)
             leased = self._lease(
@@ -292,29 +295,43 @@ class Leases:
         limit: int,
         rules: Mapping[str, DeliveryRules],
         worker_id: str,
-        now: float,
-    ) -> list[Row]:
-        """Up to ``limit`` ready jobs of ``queues``, the first queue first, in the order taken.
+    ) -> tuple[list[Row], float]:
+        """Up to ``limit`` ready jobs of ``queues``, the first queue first, in the order taken,
+        and the store clock's time they were judged ready at (the rest of the fetch's time).
 
         On PostgreSQL the queued ones come back leased already (``lease_and_begin`` without its
-        begin: one statement, not a pick and then a lease); the rest, and on SQLite all, are
-        leased by :meth:`_lease` once expired leases are closed.
+        begin: one statement, not a pick and then a lease), judged on the server's clock unless
+        a test injected one; the rest, and on SQLite all, are leased by :meth:`_lease` once
+        expired leases are closed.
         """
-        in_one = self.driver.dialect == "postgres"
-        if in_one:
-            rule_items = _rule_items(rules)
-        picked: list[Row] = []
+        if self.driver.dialect != "postgres":
+            now = tx.now()
+            picked: list[Row] = []
+            for queue in queues:
+                if len(picked) < limit:
+                    params = {"queue": queue, "now": now, "limit": limit - len(picked)}
+                    picked.extend(tx.all("ready_jobs", params))
+            return picked, now
+        picked = []
+        rule_items = _rule_items(rules)
+        stamp = tx.statement_now()
+        clock_read = stamp
         for queue in queues:
             if len(picked) >= limit:
                 break
-            params = {"queue": queue, "now": now, "limit": limit - len(picked)}
-            if in_one:
-                params = {**params, "rules": rule_items, "worker_id": worker_id, "begin": False}
-                # One row of NULL job columns says nothing was picked.
-                picked.extend(row for row in tx.all("lease_and_begin", params) if row["id"])
-            else:
-                picked.extend(tx.all("ready_jobs", params))
-        return picked
+            params = {
+                "queue": queue,
+                "now": stamp,
+                "limit": limit - len(picked),
+                "rules": rule_items,
+                "worker_id": worker_id,
+                "begin": False,
+            }
+            found = tx.all("lease_and_begin", params)
+            clock_read = float(found[0]["fast_now"]) if clock_read is None else clock_read
+            # One row of NULL job columns says nothing was picked.
+            picked.extend(row for row in found if row["id"])
+        return picked, tx.now() if clock_read is None else clock_read
 
     @staticmethod
     def _lease(

@@ -92,6 +92,10 @@ class SQLiteTx(NamedStatements):
         """The store clock (the host clock, or the one a test injected)."""
         return self._clock()
 
+    def statement_now(self) -> float:
+        """The store clock: SQLite's statements take it (they read no clock of their own)."""
+        return self._clock()
+
 
 class _TransactionKeeper:
     """SQLite authorizer for user code inside a db_step: no BEGIN, COMMIT, ROLLBACK, nor (unless
