@@ -221,7 +221,8 @@ def test_a_job_due_now_is_ready_for_a_fetch_after_its_commit_whatever_each_proce
     """Each process carries its own reading of the server's clock, off by up to half that
     reading's round trip. A job due now is stamped by the server and judged ready on the
     server's clock, so the fetch that follows its enqueue's wake-up takes it even when the
-    producer's reading runs ahead and the worker's behind; a job due later still waits."""
+    producer's reading runs ahead and the worker's behind; a job due later still waits until
+    an operator makes it due now, and a replayed dead job is due at once too."""
     hosts: list[StoppedHostClock] = []
 
     def server_clock_on_a_stopped_host() -> ServerClock:
@@ -249,12 +250,26 @@ def test_a_job_due_now_is_ready_for_a_fetch_after_its_commit_whatever_each_proce
         def limited(ctx: Context, n: int) -> None:
             """Not run: a concurrency slot takes the fetch's longer way."""
 
-        plain.options(delay_s=30).enqueue(n=0)
+        @producer.task(name="broken", operation_key="broken:{n}", max_attempts=1)
+        def broken(ctx: Context, n: int) -> None:
+            raise RuntimeError("buried at its first attempt")
+
+        rules = {name: t.delivery_rules() for name, t in producer.tasks.items()}
+
+        def fetched(queue: str) -> list[int]:
+            return [item.delivery.job_id for item in worker.fetch_prepared([queue], 10, "w", rules)]
+
+        dead = broken.enqueue(n=1)
+        drain(producer)  # buried
+        waiting = plain.options(delay_s=30).enqueue(n=0)
         for task in (plain, limited):
             job = task.enqueue(n=1)
-            rules = {name: t.delivery_rules() for name, t in producer.tasks.items()}
-            found = worker.fetch_prepared([job.queue], 10, "w1", rules)
-            assert [item.delivery.job_id for item in found] == [job.id], task.name
+            assert fetched(job.queue) == [job.id], task.name
+        # An operator's "due now" is the server's too: a retry-now, and a dead job's replay.
+        producer.retry_now(waiting.id, actor="test")
+        assert fetched(waiting.queue) == [waiting.id]
+        producer.dlq.replay(dead.id)
+        assert fetched(dead.queue) == [dead.id]
     finally:
         worker.close()
         producer.close()

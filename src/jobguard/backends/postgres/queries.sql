@@ -280,19 +280,23 @@ SELECT * FROM {schema}.jobs WHERE status = 'dead' ORDER BY finished_at DESC, id 
 
 -- name: retry_now
 -- A queued job waiting for its run time (a retry's backoff, a delay, a busy lock) is due now;
--- nothing else of it changes. No row: it is not queued, or already due.
-UPDATE {schema}.jobs SET available_at = %(now)s, run_at = %(now)s
-WHERE id = %(job_id)s AND status = 'queued' AND available_at > %(now)s
-RETURNING *;
+-- nothing else of it changes. No row: it is not queued, or already due. %(now)s NULL: now on
+-- the server's clock, read by the statement (as insert_job stamps a job due now).
+UPDATE {schema}.jobs AS j SET available_at = due.at, run_at = due.at
+FROM (SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS at) AS due
+WHERE j.id = %(job_id)s AND j.status = 'queued' AND j.available_at > due.at
+RETURNING j.*;
 
 -- name: replay_job
--- Back to the queue with the same id, payload and keys (its operation key is kept, so completed work is not redone).
-UPDATE {schema}.jobs
-SET status = 'queued', available_at = %(now)s, run_at = %(now)s, attempts = 0, deferrals = 0,
+-- Back to the queue with the same id, payload and keys (its operation key is kept, so completed
+-- work is not redone), due now (%(now)s NULL: on the server's clock, as in retry_now).
+UPDATE {schema}.jobs AS j
+SET status = 'queued', available_at = due.at, run_at = due.at, attempts = 0, deferrals = 0,
     same_error_count = 0, error_signature = NULL, dead_code = NULL, dead_reason = NULL,
     finished_at = NULL, cancel_requested_at = NULL, cancel_requested_by = NULL
-WHERE id = %(job_id)s AND status = 'dead'
-RETURNING *;
+FROM (SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS at) AS due
+WHERE j.id = %(job_id)s AND j.status = 'dead'
+RETURNING j.*;
 
 -- name: purge_attempts
 DELETE FROM {schema}.attempts

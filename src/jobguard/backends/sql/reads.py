@@ -76,7 +76,7 @@ class Reads:
                         f"holds its dedup key {row['dedup_key']!r}; replaying would run the same "
                         "work twice"
                     )
-            replayed = tx.one("replay_job", {"job_id": job_id, "now": now})
+            replayed = tx.one("replay_job", {"job_id": job_id, "now": tx.statement_now()})
             assert replayed is not None  # the row was locked and dead
             return rows.job(replayed)
 
@@ -92,7 +92,7 @@ class Reads:
         """
 
         def op(tx: Tx) -> Row | None:
-            return tx.one("retry_now", {"job_id": job_id, "now": tx.now()})
+            return tx.one("retry_now", {"job_id": job_id, "now": tx.statement_now()})
 
         moved = self.driver.write(op)
         if moved is None:
@@ -178,7 +178,7 @@ class Reads:
                     if holder is not None:
                         held.append((int(row["id"]), int(holder["id"])))
                         continue
-                moved = tx.one("replay_job", {"job_id": row["id"], "now": now})
+                moved = tx.one("replay_job", {"job_id": row["id"], "now": tx.statement_now()})
                 if moved is not None:
                     replayed.append(int(moved["id"]))
                     queues.add(str(moved["queue"]))
