@@ -235,10 +235,6 @@ def test_a_job_due_now_is_ready_for_a_fetch_after_its_commit_whatever_each_proce
     producer = App(backend=PostgresBackend(url))
     worker = PostgresBackend(url)
     try:
-        producer.backend.now(), worker.now()  # each reads the server's clock once, then carries it
-        # The producer's reading now runs 0.9 s ahead of the server's; the worker's host clock
-        # stays where it was read, so its reading falls behind the server's as time passes.
-        hosts[0].t += 0.9
 
         @producer.task(name="plain", operation_key="plain:{n}", resource_key="plain:{n}")
         def plain(ctx: Context, n: int) -> None:
@@ -261,6 +257,12 @@ def test_a_job_due_now_is_ready_for_a_fetch_after_its_commit_whatever_each_proce
 
         dead = broken.enqueue(n=1)
         drain(producer)  # buried
+        for host in hosts:
+            host.t += 2.0  # past the last reading's second: the next use reads the server again
+        producer.backend.now(), worker.now()  # each reads the server's clock, then carries it
+        # The producer's reading now runs 0.9 s ahead of the server's; the worker's host clock
+        # stays where it was read, so its reading falls behind the server's as time passes.
+        hosts[0].t += 0.9
         waiting = plain.options(delay_s=30).enqueue(n=0)
         for task in (plain, limited):
             job = task.enqueue(n=1)
