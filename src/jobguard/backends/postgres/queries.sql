@@ -36,17 +36,18 @@ SELECT pg_advisory_xact_lock(hashtext('jobguard.dedup'), hashtext(%(dedup_key)s)
 UPDATE {schema}.jobs SET dedup_hits = least(dedup_hits + 1::bigint, 2147483647) WHERE id = %(id)s;
 
 -- name: insert_job
--- %(run_at)s NULL: due now on the server's clock, read by the statement (a fetch after the
--- commit, judging on that clock, finds the job ready).
+-- Created at %(now)s (NULL: the server's clock, read by the statement, so that a fetch after
+-- the commit, judging on that clock, finds a job due now ready) and due %(delay_s)s later.
 INSERT INTO {schema}.jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
                   dedup_window_s, headers, soft_time_limit_s, time_limit_s, concurrency_key,
                   concurrency_limit, created_at)
-SELECT %(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, due.at, due.at, %(max_attempts)s,
-       %(visibility_timeout_s)s, %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s,
-       %(dedup_window_s)s, %(headers)s, %(soft_time_limit_s)s, %(time_limit_s)s, %(concurrency_key)s,
-       %(concurrency_limit)s, %(now)s
-FROM (SELECT coalesce(%(run_at)s::float8, extract(epoch FROM clock_timestamp())::float8) AS at) AS due
+SELECT %(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, clock.now + %(delay_s)s::float8,
+       clock.now + %(delay_s)s::float8, %(max_attempts)s, %(visibility_timeout_s)s,
+       %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s, %(dedup_window_s)s,
+       %(headers)s, %(soft_time_limit_s)s, %(time_limit_s)s, %(concurrency_key)s,
+       %(concurrency_limit)s, clock.now
+FROM (SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now) AS clock
 RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
 -- name: close_lost_attempts

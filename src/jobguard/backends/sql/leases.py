@@ -53,7 +53,6 @@ def insert_row(tx: Tx, spec: JobSpec, now: float, *, key_locked: bool = False) -
         if existing is not None:
             tx.run("count_dedup_hit", {"id": existing["id"]})
             return existing, True
-    stamp = tx.statement_now()
     row = tx.one(
         "insert_job",
         {
@@ -61,9 +60,7 @@ def insert_row(tx: Tx, spec: JobSpec, now: float, *, key_locked: bool = False) -
             "queue": spec.queue,
             "payload": spec.payload,
             "priority": spec.priority,
-            # Due now on PostgreSQL's own clock: stamped by the server, so no fetch that
-            # starts after the commit finds it in the future (see Tx.statement_now).
-            "run_at": None if spec.delay_s == 0 and stamp is None else now + spec.delay_s,
+            "delay_s": spec.delay_s,
             "max_attempts": spec.max_attempts,
             "visibility_timeout_s": spec.visibility_timeout_s,
             "operation_key": spec.operation_key,
@@ -76,7 +73,10 @@ def insert_row(tx: Tx, spec: JobSpec, now: float, *, key_locked: bool = False) -
             "time_limit_s": spec.time_limit_s,
             "concurrency_key": spec.concurrency_key,
             "concurrency_limit": spec.concurrency_limit,
-            "now": now,
+            # Stamped on the clock a fetch judges by (on PostgreSQL the server's, read by the
+            # statement): a job due now is never a moment in the future for a fetch after its
+            # commit (see Tx.statement_now).
+            "now": tx.statement_now(),
         },
     )
     assert row is not None  # INSERT ... RETURNING

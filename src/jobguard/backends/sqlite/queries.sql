@@ -31,7 +31,7 @@ INSERT INTO jobs (task, queue, payload, status, priority, available_at, run_at, 
                   visibility_timeout_s, operation_key, resource_key, lock_ttl_s, dedup_key,
                   dedup_window_s, headers, soft_time_limit_s, time_limit_s, concurrency_key,
                   concurrency_limit, created_at)
-VALUES (:task, :queue, :payload, 'queued', :priority, :run_at, :run_at, :max_attempts,
+VALUES (:task, :queue, :payload, 'queued', :priority, :now + :delay_s, :now + :delay_s, :max_attempts,
         :visibility_timeout_s, :operation_key, :resource_key, :lock_ttl_s, :dedup_key,
         :dedup_window_s, :headers, :soft_time_limit_s, :time_limit_s, :concurrency_key,
         :concurrency_limit, :now)
