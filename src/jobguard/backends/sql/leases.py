@@ -314,24 +314,24 @@ class Leases:
             return picked, now
         picked = []
         rule_items = _rule_items(rules)
-        stamp = tx.statement_now()
-        clock_read = stamp
+        at = tx.statement_now()  # None: the first statement reads the server's clock
         for queue in queues:
             if len(picked) >= limit:
                 break
             params = {
                 "queue": queue,
-                "now": stamp,
+                "now": at,
                 "limit": limit - len(picked),
                 "rules": rule_items,
                 "worker_id": worker_id,
                 "begin": False,
             }
             found = tx.all("lease_and_begin", params)
-            clock_read = float(found[0]["fast_now"]) if clock_read is None else clock_read
+            if at is None:
+                at = float(found[0]["fast_now"])  # the rest of the fetch on the same time
             # One row of NULL job columns says nothing was picked.
             picked.extend(row for row in found if row["id"])
-        return picked, tx.now() if clock_read is None else clock_read
+        return picked, tx.now() if at is None else at
 
     @staticmethod
     def _lease(
