@@ -64,6 +64,9 @@ _WORKER_LOOPS = 4
 NamedCall = tuple[str, Mapping[str, Any]]
 
 _RAW = load_queries("jobguard.backends.postgres")
+# The store clock in a statement: the time it is given (%(now)s: a test's injected clock), or
+# the server's own when that is NULL (Tx.statement_now).
+_STORE_NOW = sql.SQL("coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)")
 # The server aborted the transaction on its own; nothing of it committed, so it is run again.
 _RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
 _RETRIES = 5
@@ -109,7 +112,11 @@ def render_queries(schema: str) -> dict[str, str]:
     The names are quoted by psycopg (never formatted into SQL by hand); the schema name was
     also checked to be a plain identifier where it was given.
     """
-    values = {"schema": sql.Identifier(schema), "channel": sql.Literal(channel_of(schema))}
+    values = {
+        "schema": sql.Identifier(schema),
+        "channel": sql.Literal(channel_of(schema)),
+        "store_now": _STORE_NOW,
+    }
     return {name: sql.SQL(text).format(**values).as_string(None) for name, text in _RAW.items()}
 
 

@@ -7,6 +7,8 @@
 -- keeps the plan it was given while the tables were small (a new store), and there a list of
 -- keys costs more by the index than a scan of the small table: the fetch of new jobs therefore
 -- probes operations with one sub-query per item.
+-- {store_now} is the store clock a statement is given as %(now)s (a test's injected clock), or
+-- when that is NULL the server's clock_timestamp(), read by the statement itself.
 
 -- name: job_by_id
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
@@ -47,7 +49,7 @@ SELECT %(task)s, %(queue)s, %(payload)s, 'queued', %(priority)s, clock.now + %(d
        %(operation_key)s, %(resource_key)s, %(lock_ttl_s)s, %(dedup_key)s, %(dedup_window_s)s,
        %(headers)s, %(soft_time_limit_s)s, %(time_limit_s)s, %(concurrency_key)s,
        %(concurrency_limit)s, clock.now
-FROM (SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now) AS clock
+FROM (SELECT {store_now} AS now) AS clock
 RETURNING *, pg_notify({channel}, queue)::text AS notified;
 
 -- name: close_lost_attempts
@@ -101,7 +103,7 @@ RETURNING id, job_id;
 -- a renewal is one statement and one round trip. Returns the leases it extended, each
 -- with who asked to cancel its job, if anyone did (its worker then tells the run).
 UPDATE {schema}.jobs AS j
-SET available_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+SET available_at = {store_now}
                    + item.visibility_timeout_s
 FROM jsonb_to_recordset(%(items)s::jsonb)
      AS item(job_id bigint, lease_token text, visibility_timeout_s float8)
@@ -129,7 +131,7 @@ RETURNING j.id, j.lease_token, j.cancel_requested_by;
 -- transaction, it writes nothing: the cast of a text that is no number is the one way plain SQL
 -- has to raise.
 WITH clock AS (
-         SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
+         SELECT {store_now} AS now),
      item AS (
          SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
              AS item(job_id bigint, lease_token text, resource text, fence bigint,
@@ -284,7 +286,7 @@ SELECT * FROM {schema}.jobs WHERE status = 'dead' ORDER BY finished_at DESC, id 
 -- nothing else of it changes. No row: it is not queued, or already due. %(now)s NULL: now on
 -- the server's clock, read by the statement (as insert_job stamps a job due now).
 UPDATE {schema}.jobs AS j SET available_at = due.at, run_at = due.at
-FROM (SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS at) AS due
+FROM (SELECT {store_now} AS at) AS due
 WHERE j.id = %(job_id)s AND j.status = 'queued' AND j.available_at > due.at
 RETURNING j.*;
 
@@ -295,7 +297,7 @@ UPDATE {schema}.jobs AS j
 SET status = 'queued', available_at = due.at, run_at = due.at, attempts = 0, deferrals = 0,
     same_error_count = 0, error_signature = NULL, dead_code = NULL, dead_reason = NULL,
     finished_at = NULL, cancel_requested_at = NULL, cancel_requested_by = NULL
-FROM (SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS at) AS due
+FROM (SELECT {store_now} AS at) AS due
 WHERE j.id = %(job_id)s AND j.status = 'dead'
 RETURNING j.*;
 
@@ -412,7 +414,7 @@ FROM item JOIN attempt ON attempt.job_id = item.job_id
 -- used; %(now)s NULL: the server's); then the jobs in the order picked, or one row whose other
 -- columns are NULL when there is none to return.
 WITH clock AS (
-         SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
+         SELECT {store_now} AS now),
      picked AS (
          SELECT id, task, status, priority, available_at AS due, resource_key, operation_key,
                 concurrency_key, concurrency_limit
@@ -537,7 +539,7 @@ RETURNING key, slot, owner, fence;
 -- The slots still owned extended (%(items)s: key, slot, owner, ttl_s) from the store clock, as
 -- renew_locks. Returns the slots it extended.
 UPDATE {schema}.slots AS s
-SET expires_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+SET expires_at = {store_now}
                  + item.ttl_s
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(key text, slot integer, owner text, ttl_s float8)
 WHERE s.key = item.key AND s.slot = item.slot AND s.owner = item.owner
@@ -579,7 +581,7 @@ RETURNING *;
 -- The locks still owned extended (%(items)s: resource, owner, ttl_s) from the store clock, as
 -- extend_leases. Returns the locks it extended.
 UPDATE {schema}.locks AS l
-SET expires_at = coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+SET expires_at = {store_now}
                  + item.ttl_s
 FROM jsonb_to_recordset(%(items)s::jsonb) AS item(resource text, owner text, ttl_s float8)
 WHERE l.resource = item.resource AND l.owner = item.owner
@@ -632,7 +634,7 @@ WHERE EXISTS (SELECT 1 FROM {schema}.jobs
 WITH recorded AS (
     INSERT INTO {schema}.steps (operation_key, name, result, fence, created_at)
     SELECT %(key)s, %(name)s, %(result)s, %(fence)s,
-           coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+           {store_now}
     WHERE EXISTS (SELECT 1 FROM {schema}.jobs
                   WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running')
       AND (%(resource)s::text IS NULL
@@ -671,7 +673,7 @@ SELECT
 -- A cheap read-only look before taking the write lock for a fetch.
 SELECT 1 FROM {schema}.jobs
 WHERE queue = ANY(%(queues)s::text[]) AND status IN ('queued', 'running')
-  AND available_at <= coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+  AND available_at <= {store_now}
   AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = jobs.queue)
 LIMIT 1;
 
