@@ -14,9 +14,13 @@ those waits (a sync or a fetch with results outstanding) and "statements" what w
 Round trips, rows written and CPU, not time, are what this measures: they set the cost per job
 for the worker and for the server, and so the throughput on a small machine, and do not depend
 on what else the machine runs. Rows written are the store tables' inserted, updated and deleted
-rows (``pg_stat_user_tables``); server CPU is that of the worker's own server processes
-(``/proc``, so the server must run on this host). The server's ``autovacuum`` setting is
-printed: the bench machine runs with it off (see docs/operations.md).
+rows (``pg_stat_user_tables``), with the share of updates that wrote no index entry
+(heap-only); the write-ahead log per job is the server's log position before the enqueue and
+after the drain, and the pages read those of the store's tables and indexes
+(``pg_statio_user_tables``): counts that do not drift with the machine's load, as CPU per job
+does. Server CPU is that of the worker's own server processes (``/proc``, so the server must
+run on this host). The server's ``autovacuum`` setting is printed: the bench machine runs with
+it off (see docs/operations.md).
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
             waits["(pipeline: sync or fetch)"] += 1
         return fetch_gen(self, flush=flush)
 
-    psycopg.Cursor.execute = counted_execute  # type: ignore[assignment,method-assign]
+    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
     # A transaction counted where it begins and ends, however it was opened.
     psycopg.Transaction.__enter__ = counted_enter  # type: ignore[method-assign]
     psycopg.Transaction.__exit__ = counted_leave  # type: ignore[method-assign]
@@ -97,16 +101,47 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
         _pipeline_base.BasePipeline._fetch_gen = fetch_gen  # type: ignore[method-assign]
 
 
-def rows_written(url: str, schema: str) -> Counter[str]:
-    """Rows inserted, updated and deleted so far in each of the store's tables (the server's
-    counts)."""
+_TABLE_COUNTS = {
+    "written": "n_tup_ins + n_tup_upd + n_tup_del",
+    "updated": "n_tup_upd",
+    "heap_only": "n_tup_hot_upd",
+}
+
+
+def server_tally(url: str, schema: str) -> dict[str, Counter[str]]:
+    """What the server has done so far to the store's tables (and ``bench_effects``): rows
+    written (inserted, updated, deleted), rows updated and those of them updated heap-only
+    (no index entry written), per table; under ``totals``, the pages of the store's tables and
+    indexes read (from shared buffers or not) and the write-ahead log's position in bytes.
+    Counts, not times: what one drain costs the server whatever else the machine runs."""
+    tally: dict[str, Counter[str]] = {}
     with psycopg.connect(url, autocommit=True) as conn:
-        found = conn.execute(
-            "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables"
-            " WHERE schemaname = %s OR relname = 'bench_effects'",
+        for name, counts in _TABLE_COUNTS.items():
+            found = conn.execute(
+                f"SELECT relname, {counts} FROM pg_stat_user_tables"
+                " WHERE schemaname = %s OR relname = 'bench_effects'",
+                [schema],
+            ).fetchall()
+            tally[name] = Counter({str(table): int(count) for table, count in found})
+        pages, wal = conn.execute(
+            "SELECT (SELECT sum(coalesce(heap_blks_read, 0) + coalesce(heap_blks_hit, 0)"
+            " + coalesce(idx_blks_read, 0) + coalesce(idx_blks_hit, 0))"
+            " FROM pg_statio_user_tables WHERE schemaname = %s),"
+            " pg_current_wal_insert_lsn() - '0/0'::pg_lsn",
             [schema],
-        ).fetchall()
-    return Counter({str(name): int(count) for name, count in found})
+        ).fetchone() or (0, 0)
+    tally["totals"] = Counter({"pages": int(pages or 0), "wal": int(wal)})
+    return tally
+
+
+def since(
+    before: dict[str, Counter[str]], after: dict[str, Counter[str]]
+) -> dict[str, Counter[str]]:
+    """Each count of ``after`` less the same count of ``before``."""
+    return {
+        name: Counter({key: after[name][key] - before[name][key] for key in after[name]})
+        for name in after
+    }
 
 
 def server_cpu_s(url: str) -> float:
@@ -137,14 +172,29 @@ def autovacuum(url: str) -> str:
     return str(row[0])
 
 
+def print_tally(tally: dict[str, Counter[str]], jobs: int) -> None:
+    """The server's counts of one drain, per job."""
+    written, updated, heap_only = tally["written"], tally["updated"], tally["heap_only"]
+    rows = ", ".join(f"{name} {count / jobs:.2f}" for name, count in written.most_common() if count)
+    print(f"rows written per job: {sum(written.values()) / jobs:.1f} ({rows})")
+    shares = ", ".join(
+        f"{name} {heap_only[name] / count:.0%}" for name, count in updated.most_common() if count
+    )
+    print(f"updates that wrote no index entry (heap-only): {shares}")
+    print(f"write-ahead log per job: {tally['totals']['wal'] / jobs:.0f} bytes")
+    pages = tally["totals"]["pages"] / jobs
+    print(f"pages of the store's tables and indexes read per job: {pages:.1f}")
+
+
 def main() -> None:
     """Prefill, drain in-process while counting, print round trips per job."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--job",
-        choices=("full", "plain", "retry"),
+        choices=("full", "writes", "plain", "retry"),
         default="full",
-        help="full guard, plain, or the full guard with a third of the jobs retrying once",
+        help="full guard (db_step), full guard (db_writes), plain, or the full guard with a "
+        "third of the jobs retrying once",
     )
     parser.add_argument("--jobs", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=4)
@@ -153,10 +203,12 @@ def main() -> None:
         store = BenchStore("postgres", url, Path(tempfile.mkdtemp()), "round_trips")
         module = load("bench.apps", store.url)
         # Before the enqueue, so every job's insert counts (the enqueue is part of its cost).
-        written_before = rows_written(url, store.schema)
+        tally_before = server_tally(url, store.schema)
         now = time.time()
         if args.job == "full":
             module.full.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
+        elif args.job == "writes":
+            module.full_writes.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
         elif args.job == "retry":
             module.full_retry.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
         else:
@@ -170,8 +222,7 @@ def main() -> None:
         server_cpu = server_cpu_s(url)
         module.app.close()
         time.sleep(2.0)  # the server processes report their row counts as they exit
-        written = rows_written(url, store.schema)
-        written.subtract(written_before)
+        tally = since(tally_before, server_tally(url, store.schema))
         done = store.completed()
         vacuum = autovacuum(url)
     jobs = args.jobs
@@ -179,8 +230,7 @@ def main() -> None:
     print(f"(server autovacuum: {vacuum}; each run starts from a fresh database)")
     print(f"completed: {done}; round trips per job: {sum(waits.values()) / jobs:.1f}")
     print(f"statements per job: {sum(counts.values()) / jobs:.1f}")
-    rows = ", ".join(f"{name} {count / jobs:.2f}" for name, count in written.most_common() if count)
-    print(f"rows written per job: {sum(written.values()) / jobs:.1f} ({rows})")
+    print_tally(tally, jobs)
     print(
         f"CPU per job: worker {worker_cpu / jobs * 1e3:.3f} ms, "
         f"server {server_cpu / jobs * 1e3:.3f} ms (its connections)"
