@@ -5,11 +5,12 @@ Usage (from the root of the checkout with the change)::
     git worktree add ../before HEAD~1
     python -m bench.paired --before ../before --rounds 6 -- --shapes full:16
 
-Runs :mod:`bench.drains` (its options after ``--``) first on the ``--before`` checkout's
-jobguard, then on this one's, ``--rounds`` times, and prints every run's line marked ``before``
-or ``after``. This machine's speed drifts by a third within minutes, so a change is judged only
-against the runs beside it. The bench's own modules come from this checkout on both sides; only
-``jobguard`` differs (its ``src`` first on ``PYTHONPATH``).
+Runs :mod:`bench.drains` (its options after ``--``) on the ``--before`` checkout's jobguard
+and on this one's, ``--rounds`` times, the order turned each round (before first, then after
+first: a drain run right after another can run slower), and prints every run's line marked
+``before`` or ``after``. This machine's speed drifts by a third within minutes, so a change
+is judged only against the runs beside it. The bench's own modules come from this checkout on
+both sides; only ``jobguard`` differs (its ``src`` first on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ def main() -> None:
     if not (before / "src" / "jobguard" / "__init__.py").is_file():
         raise SystemExit(f"--before {args.before}: not a jobguard checkout (no src/jobguard)")
     options = [part for part in args.drains if part != "--"]
-    for _ in range(args.rounds):
-        for label, checkout in (("before", before), ("after", REPO_ROOT)):
+    sides = [("before", before), ("after", REPO_ROOT)]
+    for round_number in range(args.rounds):
+        # The order turns each round: of two drains run back to back, the second ran slower
+        # (round_trips-2026-12-06-indexes.txt), so a fixed order would favour one side.
+        for label, checkout in sides if round_number % 2 == 0 else sides[::-1]:
             env = {
                 **os.environ,
                 "PYTHONPATH": os.pathsep.join([str(checkout / "src"), str(REPO_ROOT)]),
