@@ -255,43 +255,6 @@ def generic_plan(
     return [row[0] for row in found]
 
 
-def test_a_settle_and_a_renewal_find_their_jobs_by_id_however_many_jobs_run() -> None:
-    """The settle and the lease renewal find each job of their batch by its id; a plan that
-    read the running jobs' index instead would read every running job's entry (those of every
-    worker, and those their earlier row versions left until a vacuum) for each batch."""
-    url = fresh_schema_url()
-    migrate_store(url)
-    conn = stores.connect(url)
-    try:
-        conn.execute(f'SET search_path = "{stores.schema_of(url)}"')
-        # 5,000 jobs, one in ten running.
-        conn.execute(
-            "INSERT INTO jobs (task, queue, payload, status, available_at, run_at, max_attempts,"
-            " visibility_timeout_s, created_at, lease_token, finished_at)"
-            " SELECT 't', 'q', '{}', CASE WHEN n % 10 = 0 THEN 'running' ELSE 'completed' END,"
-            " 0, 0, 3, 30, 0, CASE WHEN n % 10 = 0 THEN md5(n::text) END,"
-            " CASE WHEN n % 10 = 0 THEN NULL ELSE 1 END FROM generate_series(1, 5000) AS n"
-        )
-        item = '[{"job_id": 1, "lease_token": "t", "status": "completed", "uncharge": 0}]'
-        plans = {
-            "settle_set": generic_plan(
-                conn,
-                url,
-                "settle_set",
-                {"items": f"'{item}'::jsonb", "strict": "true", "now": "NULL::float8"},
-            ),
-            "extend_leases": generic_plan(
-                conn, url, "extend_leases", {"items": f"'{item}'::jsonb", "now": "NULL::float8"}
-            ),
-        }
-    finally:
-        conn.close()
-    for name, plan in plans.items():
-        text = "\n".join(plan)
-        assert "jobs_status" not in text, (name, text)
-        assert "on jobs_pkey" in text, (name, text)
-
-
 class StoppedHostClock:
     """A host clock that moves only when a test moves it."""
 

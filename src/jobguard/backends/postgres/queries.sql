@@ -107,9 +107,7 @@ SET available_at = {store_now}
                    + item.visibility_timeout_s
 FROM jsonb_to_recordset(%(items)s::jsonb)
      AS item(job_id bigint, lease_token text, visibility_timeout_s float8)
-WHERE j.id = item.job_id AND j.lease_token = item.lease_token
-  -- Status tested as no index can test it, so the rows are found by id, as settle_set's are.
-  AND (j.status = 'running') IS TRUE
+WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
   AND j.id = ANY (ARRAY(SELECT (jsonb_array_elements(%(items)s::jsonb) ->> 'job_id')::bigint))
 RETURNING j.id, j.lease_token, j.cancel_requested_by;
 
@@ -187,11 +185,7 @@ WITH clock AS (
              dead_code = CASE WHEN item.status = 'dead' THEN item.code ELSE j.dead_code END,
              dead_reason = CASE WHEN item.status = 'dead' THEN item.reason ELSE j.dead_reason END
          FROM proven AS item
-         WHERE j.id = item.job_id AND j.lease_token = item.lease_token
-           -- Status tested as no index can test it: a plan may otherwise read every running
-           -- job's entry in jobs_status (the running jobs of every worker, and the entries
-           -- their earlier rows left until a vacuum) to settle a batch it finds by id.
-           AND (j.status = 'running') IS TRUE
+         WHERE j.id = item.job_id AND j.lease_token = item.lease_token AND j.status = 'running'
            AND j.id = ANY (ARRAY(SELECT job_id FROM item)) AND item.holds
          RETURNING j.id),
      done AS (SELECT item.* FROM item JOIN moved ON moved.id = item.job_id),
