@@ -232,6 +232,39 @@ def test_plans_made_on_a_new_store_read_their_rows_by_key(store_url: str) -> Non
     )
 
 
+def test_a_lease_token_stays_one_jobs_and_its_index_holds_only_leases_held(store_url: str) -> None:
+    """The lease token's index holds only jobs that hold a lease (each of a job's writes adds an
+    entry to every index whose condition the row meets, so queued and finished jobs are left
+    out), yet two jobs still cannot hold one token, and the claim's liveness check finds a token
+    by the index in the plan it keeps for any token."""
+    app = App(store_url)
+    try:
+
+        @app.task(name="held", operation_key="held:{n}")
+        def held(ctx: Context, n: int) -> None:
+            pass
+
+        done = held.enqueue(n=0)
+        Worker(app, concurrency=1, install_signal_handlers=False).run(burst=True)
+        assert app.get_job(done.id).status is JobStatus.COMPLETED
+        queued = [held.enqueue(n=n) for n in (1, 2)]
+    finally:
+        app.close()
+    database, _, schema = store_url.partition("?schema=")
+    jobs = sql.Identifier(schema, "jobs")
+    with psycopg.connect(database, autocommit=True) as conn:
+        take = sql.SQL("UPDATE {} SET lease_token = 'a' WHERE id = %s").format(jobs)
+        conn.execute(take, (queued[0].id,))
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute(take, (queued[1].id,))
+        holding = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE lease_token IS NOT NULL").format(jobs)
+        ).fetchone()
+        assert holding == (1,)  # the finished job and the other queued one hold none
+        plan = generic_plan(conn, render_queries(schema)["lease_holder_alive"])
+    assert "Index Scan using jobs_lease_token" in plan.splitlines()[0], plan
+
+
 def test_settling_a_batch_proves_each_item_once_not_once_per_job_row_of_the_batch(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

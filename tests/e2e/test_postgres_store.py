@@ -205,56 +205,6 @@ def test_a_pool_size_given_below_a_workers_handlers_is_kept_and_said(
         backend.close()
 
 
-def test_a_lease_token_stays_one_jobs_and_its_index_holds_only_leases_held() -> None:
-    """The lease token's index holds only jobs that hold a lease (each of a job's writes adds an
-    entry to every index whose condition the row meets, so queued and finished jobs are left
-    out), yet two jobs still cannot hold one token, and the claim's liveness check finds a token
-    by the index in the plan it keeps for any token."""
-    url = fresh_schema_url()
-    migrate_store(url)
-    app = App(url)
-    try:
-
-        @app.task(name="held", operation_key="held:{n}")
-        def held(ctx: Context, n: int) -> None:
-            pass
-
-        done = held.enqueue(n=0)
-        drain(app)
-        assert app.get_job(done.id).status.value == "completed"
-        queued = [held.enqueue(n=n) for n in (1, 2)]
-    finally:
-        app.close()
-    conn = stores.connect(url)
-    try:
-        conn.execute(f'SET search_path = "{stores.schema_of(url)}"')
-        conn.execute("UPDATE jobs SET lease_token = 'a' WHERE id = %s", (queued[0].id,))
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            conn.execute("UPDATE jobs SET lease_token = 'a' WHERE id = %s", (queued[1].id,))
-        held_rows = conn.execute(
-            "SELECT count(*) FROM jobs WHERE lease_token IS NOT NULL"
-        ).fetchone()
-        assert held_rows == (1,)  # the finished job and the other queued one hold none
-        plan = generic_plan(conn, url, "lease_holder_alive", {"owner_lease": "'a'", "now": "0"})
-        assert "Index Scan using jobs_lease_token" in plan[0], plan
-    finally:
-        conn.close()
-
-
-def generic_plan(
-    conn: psycopg.Connection, url: str, name: str, values: dict[str, str]
-) -> list[str]:
-    """The plan PostgreSQL keeps for any parameters (the one a prepared statement settles on)
-    of jobguard's statement ``name``, given SQL literals for its parameters."""
-    text = postgres_driver.render_queries(stores.schema_of(url))[name]
-    for position, parameter in enumerate(values, 1):
-        text = text.replace(f"%({parameter})s", f"${position}")
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-    conn.execute(f"PREPARE {name} AS\n" + text.rstrip().rstrip(";"))
-    found = conn.execute(f"EXPLAIN EXECUTE {name}({', '.join(values.values())})").fetchall()
-    return [row[0] for row in found]
-
-
 class StoppedHostClock:
     """A host clock that moves only when a test moves it."""
 
