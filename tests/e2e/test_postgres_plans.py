@@ -261,6 +261,13 @@ def test_a_lease_token_stays_one_jobs_and_its_index_holds_only_leases_held(store
             sql.SQL("SELECT count(*) FROM {} WHERE lease_token IS NOT NULL").format(jobs)
         ).fetchone()
         assert holding == (1,)  # the finished job and the other queued one hold none
+        # What the index holds, as PostgreSQL keeps it: only rows with a token.
+        kept = conn.execute(
+            "SELECT indisunique, pg_get_expr(indpred, indrelid) FROM pg_index"
+            " WHERE indexrelid = to_regclass(%s)",
+            [sql.Identifier(schema, "jobs_lease_token").as_string(conn)],
+        ).fetchone()
+        assert kept == (True, "(lease_token IS NOT NULL)")
         plan = generic_plan(conn, render_queries(schema)["lease_holder_alive"])
     assert "Index Scan using jobs_lease_token" in plan.splitlines()[0], plan
 
