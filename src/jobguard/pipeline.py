@@ -205,10 +205,9 @@ class Pipeline:
         arguments = decode_object(delivery.payload)
         if isinstance(arguments, str):
             return arguments
-        try:
-            task.signature.bind(None, **arguments)
-        except TypeError as exc:
-            return f"payload does not match the handler's arguments: {exc}"
+        mismatch = task.keyword_fit.mismatch(arguments)
+        if mismatch is not None:
+            return f"payload does not match the handler's arguments: {mismatch}"
         return arguments
 
     def _run(self, inflight: InFlight, started: float) -> Ending:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from jobguard.backends.base import DeliveryRules
 from jobguard.backends.sql.callers import for_thread
 from jobguard.core import checks
+from jobguard.core.calls import KeywordFit
 from jobguard.core.jsonvalues import MAX_NESTING, too_deep
 from jobguard.core.keys import check_key, render_key, template_fields
 from jobguard.core.retry import RetryPolicy
@@ -217,6 +218,7 @@ class Task:
             self.signature = inspect.signature(fn)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"task {name!r}: cannot read the handler's signature") from exc
+        self.keyword_fit = KeywordFit(self.signature)
         params = list(self.signature.parameters)
         if not params:
             raise ConfigurationError(
@@ -357,12 +359,11 @@ class Task:
 
     def build_spec(self, kwargs: Mapping[str, Any], options: CallOptions) -> JobSpec:
         """Validate arguments and options and build the :class:`JobSpec` (no I/O)."""
-        try:
-            self.signature.bind(None, **kwargs)
-        except TypeError as exc:
+        mismatch = self.keyword_fit.mismatch(kwargs)
+        if mismatch is not None:
             raise PayloadError(
-                f"task {self.name!r}: arguments do not match the handler: {exc}"
-            ) from exc
+                f"task {self.name!r}: arguments do not match the handler: {mismatch}"
+            )
         payload = encode_payload(kwargs, self.app.max_payload_bytes)
         operation_key = _key("operation_key", options.operation_key, self.operation_key, kwargs)
         resource_key = _key("resource_key", options.resource_key, self.resource_key, kwargs)

@@ -9,6 +9,7 @@ transactions retried when the server aborts them for a deadlock or a serializati
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -331,6 +332,11 @@ def leading_words(query: str, count: int = 2) -> list[str]:
     return words
 
 
+@functools.lru_cache(maxsize=512)
+def _cached_leading_words(query: str) -> tuple[str, ...]:
+    return tuple(leading_words(query))
+
+
 def ends_transaction(words: list[str]) -> bool:
     """Whether a statement beginning with ``words`` (:func:`leading_words`) would end the
     transaction it runs in (or split it)."""
@@ -351,7 +357,8 @@ def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> list[str]
     text = query.as_string(conn) if isinstance(query, sql.Composable) else query
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    words = leading_words(text)
+    # A step's statements are the same few texts job after job: each read once.
+    words = list(_cached_leading_words(text)) if len(text) <= 4096 else leading_words(text)
     if ends_transaction(words):
         raise StepSQLError(messages.STEP_CANNOT_END_ITS_TRANSACTION)
     return words
