@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import _pipeline_base
+from psycopg import _pipeline_base, sql
 
 from bench.measure import load
 from bench.pgdb import scratch_database
@@ -164,6 +164,23 @@ def server_cpu_s(url: str) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def hold_running(url: str, schema: str, count: int) -> None:
+    """``count`` jobs of queue ``held`` running under another worker's leases, which expire
+    long after the drain: the running jobs of the other workers of a shared store."""
+    if count == 0:
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.jobs (task, queue, payload, status, available_at, run_at,"
+                " attempts, max_attempts, visibility_timeout_s, lease_token, worker_id,"
+                " created_at) SELECT 'held', 'held', '{{}}', 'running', 4e9, 0, 1, 5, 3600,"
+                " 'held-lease:' || n, 'held-worker', 0 FROM generate_series(1, %s) AS n"
+            ).format(sql.Identifier(schema)),
+            [count],
+        )
+
+
 def autovacuum(url: str) -> str:
     """The server's autovacuum setting."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -198,10 +215,18 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--held",
+        type=int,
+        default=0,
+        help="jobs of another queue held running by another worker all along (their leases "
+        "unexpired): what a store shared by many workers holds while this one drains",
+    )
     args = parser.parse_args()
     with scratch_database() as url:
         store = BenchStore("postgres", url, Path(tempfile.mkdtemp()), "round_trips")
         module = load("bench.apps", store.url)
+        hold_running(url, store.schema, args.held)
         # Before the enqueue, so every job's insert counts (the enqueue is part of its cost).
         tally_before = server_tally(url, store.schema)
         now = time.time()
@@ -226,7 +251,8 @@ def main() -> None:
         done = store.completed()
         vacuum = autovacuum(url)
     jobs = args.jobs
-    print(f"{jobs} {args.job} jobs, 1 worker process x {args.concurrency} threads")
+    held = f"; {args.held} jobs of another worker running all along" if args.held else ""
+    print(f"{jobs} {args.job} jobs, 1 worker process x {args.concurrency} threads{held}")
     print(f"(server autovacuum: {vacuum}; each run starts from a fresh database)")
     print(f"completed: {done}; round trips per job: {sum(waits.values()) / jobs:.1f}")
     print(f"statements per job: {sum(counts.values()) / jobs:.1f}")
