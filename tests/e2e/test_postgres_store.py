@@ -259,7 +259,9 @@ def test_a_job_due_now_is_ready_for_a_fetch_after_its_commit_whatever_each_proce
         drain(producer)  # buried
         for host in hosts:
             host.t += 2.0  # past the last reading's second: the next use reads the server again
-        producer.backend.now(), worker.now()  # each reads the server's clock, then carries it
+        # Each reads the server's clock, then carries it.
+        producer.backend.now()
+        worker.now()
         # The producer's reading now runs 0.9 s ahead of the server's; the worker's host clock
         # stays where it was read, so its reading falls behind the server's as time passes.
         hosts[0].t += 0.9

@@ -225,10 +225,8 @@ class PostgresTx(NamedStatements):
         return self._server_clock.now(self.read_server_clock)
 
     def statement_now(self) -> float | None:
-        """An injected store clock's time; ``None``: the statement reads the server's clock
-        itself (a carried reading is off by up to half its round trip, in either direction,
-        and by a different amount in each process)."""
-        return None if self._clock is None else self._clock()
+        """The ``now`` a statement is given: see :func:`_injected_now`."""
+        return _injected_now(self._clock)
 
     def read_server_clock(self) -> float:
         """Ask the server for its clock on this transaction's connection (one round trip)."""
@@ -330,6 +328,13 @@ def leading_words(query: str, count: int = 2) -> list[str]:
             words.append(word.group(0).lower())
             i = word.end()
     return words
+
+
+def _injected_now(clock: Callable[[], float] | None) -> float | None:
+    """An injected store clock's time; ``None``: the statement reads the server's clock
+    itself (a carried reading is off by up to half its round trip, in either direction, and by
+    a different amount in each process)."""
+    return None if clock is None else clock()
 
 
 @functools.lru_cache(maxsize=512)
@@ -630,7 +635,7 @@ class PostgresDriver:
         commits everything sent before the pipeline's one Sync, or, at the first failure, skips
         the rest and rolls back what ran (two statements fewer to send than BEGIN and COMMIT).
         """
-        now = None if self._clock is None else self._clock()  # None: the server's clock
+        now = _injected_now(self._clock)
         cursor = conn.cursor()
         try:
             with conn.pipeline():
