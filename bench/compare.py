@@ -350,7 +350,10 @@ def main() -> None:
                 lines += jobguard_lines(runs, args, say, names[kind])
             if args.peers:
                 db = PeerDatabase(database_url)
-                peers = [Procrastinate(db, folder), Dramatiq(db, folder, args.redis)]
+                peers: list[Procrastinate | Dramatiq] = [
+                    Procrastinate(db, folder),
+                    Dramatiq(db, folder, args.redis),
+                ]
                 for peer in peers:
                     for threads in args.peer_concurrency:
                         drain = partial(peer.drain, args.jobs, args.workers, threads)

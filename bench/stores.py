@@ -46,7 +46,7 @@ class BenchStore:
             with psycopg.connect(self.database_url, autocommit=True) as conn:
                 path = sql.SQL("SET search_path TO {}, public").format(sql.Identifier(self.schema))
                 conn.execute(path)
-                return list(conn.execute(query).fetchall())  # type: ignore[arg-type]
+                return list(conn.execute(query).fetchall())
         with sqlite3.connect(self.path) as conn:
             return list(conn.execute(query).fetchall())
 
