@@ -4,6 +4,8 @@ Usage (from the repository root, after ``pip install -e '.[postgres,bench]'``)::
 
     python -m bench.round_trips                 # 600 full-guard jobs, 4 threads
     python -m bench.round_trips --job plain --jobs 2000 --concurrency 16
+    python -m bench.round_trips --job writes --held 2000      # beside another worker's jobs
+    python -m bench.round_trips --job writes --analyze locks  # statistics of an empty table
 
 A worker runs in this process (``Worker.run(burst=True)``) over a prefilled queue in a
 throw-away database; every statement psycopg sends is counted by name (jobguard's named
@@ -181,6 +183,19 @@ def hold_running(url: str, schema: str, count: int) -> None:
         )
 
 
+STORE_TABLES = ("jobs", "attempts", "locks", "slots", "operations", "steps")
+
+
+def vacuum_analyze(url: str, schema: str, tables: list[str]) -> dict[str, Counter[str]]:
+    """``VACUUM ANALYZE`` each of the store's ``tables``; what that did to the server's counts
+    (:func:`server_tally`), to be taken out of the drain's."""
+    before = server_tally(url, schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in tables:
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, table)))
+    return since(before, server_tally(url, schema))
+
+
 def autovacuum(url: str) -> str:
     """The server's autovacuum setting."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -203,8 +218,8 @@ def print_tally(tally: dict[str, Counter[str]], jobs: int) -> None:
     print(f"pages of the store's tables and indexes read per job: {pages:.1f}")
 
 
-def main() -> None:
-    """Prefill, drain in-process while counting, print round trips per job."""
+def arguments() -> argparse.Namespace:
+    """The command line, ``--analyze`` read into ``analyzed`` (a list of store tables)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--job",
@@ -222,22 +237,45 @@ def main() -> None:
         help="jobs of another queue held running by another worker all along (their leases "
         "unexpired): what a store shared by many workers holds while this one drains",
     )
+    parser.add_argument(
+        "--analyze",
+        default="",
+        help="store tables (comma-separated) to VACUUM ANALYZE after the enqueue, before the "
+        "drain: what a statistics run leaves the planner with, the jobs queued and the rest "
+        "still empty (its own reads and log are not counted)",
+    )
     args = parser.parse_args()
+    args.analyzed = [name for name in args.analyze.split(",") if name]
+    unknown = set(args.analyzed) - set(STORE_TABLES)
+    if unknown:
+        parser.error(f"--analyze: not a store table: {', '.join(sorted(unknown))}")
+    return args
+
+
+def enqueue(module: Any, job: str, jobs: int) -> None:
+    """``jobs`` jobs of the bench's ``job`` kind, enqueued in one batch."""
+    now = time.time()
+    if job == "full":
+        module.full.enqueue_many({"n": n, "t": now} for n in range(jobs))
+    elif job == "writes":
+        module.full_writes.enqueue_many({"n": n, "t": now} for n in range(jobs))
+    elif job == "retry":
+        module.full_retry.enqueue_many({"n": n, "t": now} for n in range(jobs))
+    else:
+        module.noop.enqueue_many({"n": n} for n in range(jobs))
+
+
+def main() -> None:
+    """Prefill, drain in-process while counting, print round trips per job."""
+    args = arguments()
     with scratch_database() as url:
         store = BenchStore("postgres", url, Path(tempfile.mkdtemp()), "round_trips")
         module = load("bench.apps", store.url)
         hold_running(url, store.schema, args.held)
         # Before the enqueue, so every job's insert counts (the enqueue is part of its cost).
         tally_before = server_tally(url, store.schema)
-        now = time.time()
-        if args.job == "full":
-            module.full.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
-        elif args.job == "writes":
-            module.full_writes.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
-        elif args.job == "retry":
-            module.full_retry.enqueue_many({"n": n, "t": now} for n in range(args.jobs))
-        else:
-            module.noop.enqueue_many({"n": n} for n in range(args.jobs))
+        enqueue(module, args.job, args.jobs)
+        statistics_run = vacuum_analyze(url, store.schema, args.analyzed)
         names = {text: name for name, text in render_queries(store.schema).items()}
         worker = Worker(module.app, queues=[args.job], concurrency=args.concurrency)
         cpu_before = time.process_time()
@@ -247,11 +285,13 @@ def main() -> None:
         server_cpu = server_cpu_s(url)
         module.app.close()
         time.sleep(2.0)  # the server processes report their row counts as they exit
-        tally = since(tally_before, server_tally(url, store.schema))
+        tally = since(statistics_run, since(tally_before, server_tally(url, store.schema)))
         done = store.completed()
         vacuum = autovacuum(url)
     jobs = args.jobs
     held = f"; {args.held} jobs of another worker running all along" if args.held else ""
+    if args.analyzed:
+        held += f"; VACUUM ANALYZE of {', '.join(args.analyzed)} after the enqueue"
     print(f"{jobs} {args.job} jobs, 1 worker process x {args.concurrency} threads{held}")
     print(f"(server autovacuum: {vacuum}; each run starts from a fresh database)")
     print(f"completed: {done}; round trips per job: {sum(waits.values()) / jobs:.1f}")
