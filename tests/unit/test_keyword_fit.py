@@ -71,6 +71,7 @@ class CountedSignature(inspect.Signature):
 def test_a_plain_handler_is_answered_without_binding() -> None:
     def handler(ctx: Any, order: int, note: str = "") -> None: ...
 
+    CountedSignature.binds = 0
     fit = KeywordFit(CountedSignature(list(inspect.signature(handler).parameters.values())))
     assert fit.mismatch({"order": 1}) is None
     assert fit.mismatch({"order": 1, "note": "x"}) is None

@@ -337,6 +337,11 @@ def _injected_now(clock: Callable[[], float] | None) -> float | None:
     return None if clock is None else clock()
 
 
+# A step's statements are the same few texts job after job; longer texts (generated ones, say)
+# are read each time rather than kept.
+_CACHED_STATEMENT_LENGTH = 4096
+
+
 @functools.lru_cache(maxsize=512)
 def _cached_leading_words(query: str) -> tuple[str, ...]:
     return tuple(leading_words(query))
@@ -362,8 +367,10 @@ def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> list[str]
     text = query.as_string(conn) if isinstance(query, sql.Composable) else query
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    # A step's statements are the same few texts job after job: each read once.
-    words = list(_cached_leading_words(text)) if len(text) <= 4096 else leading_words(text)
+    if len(text) <= _CACHED_STATEMENT_LENGTH:
+        words = list(_cached_leading_words(text))
+    else:
+        words = leading_words(text)
     if ends_transaction(words):
         raise StepSQLError(messages.STEP_CANNOT_END_ITS_TRANSACTION)
     return words
