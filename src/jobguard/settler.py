@@ -15,9 +15,11 @@ import logging
 import queue as queue_module
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from typing import TYPE_CHECKING
 
+from jobguard.busy import kept_while_busy
 from jobguard.exceptions import GuardLost, JobGuardError
 from jobguard.pipeline import lost
 
@@ -81,9 +83,11 @@ class Settler:
         self._thread.join(timeout=timeout_s)
 
     def _loop(self) -> None:
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
+        with closing(kept_while_busy(self._queue, self._backend.keep_connection)) as firsts:
+            self._settle_each(firsts)
+
+    def _settle_each(self, firsts: Iterator[Settling | object]) -> None:
+        for first in firsts:
             if first is _STOP:
                 return
             batch, stopping = gather(self._queue, first, self._running, LINGER_S)
@@ -94,6 +98,8 @@ class Settler:
                 log.exception("unexpected error while settling %d deliveries", len(pending))
             for inflight, _ in pending:
                 self._done(inflight)
+            if stopping:
+                return
 
     def settle(self, pending: Sequence[Settling]) -> list[Ending]:
         """Write one batch of endings; report and return each delivery's final ending (a

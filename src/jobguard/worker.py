@@ -25,12 +25,14 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from jobguard.aio import EventLoopThread
 from jobguard.backends.base import Closing, Ending, Prepared
+from jobguard.busy import kept_while_busy
 from jobguard.context import InFlight
 from jobguard.core import checks
 from jobguard.core.retry import full_jitter_s
@@ -271,7 +273,8 @@ class Worker:
         self._start_scheduler(burst)
         self.app.hooks.worker_started(self.worker_id, self.queues)
         try:
-            self._fetch_loop(burst)
+            with self.app.backend.keep_connection():
+                self._fetch_loop(burst)
         finally:
             self._shutdown()
             restore()
@@ -498,8 +501,11 @@ class Worker:
         self._settler.put(item, ending)
 
     def _handle_loop(self) -> None:
-        while True:
-            item = self._buffer.get()
+        with closing(kept_while_busy(self._buffer, self.app.backend.keep_connection)) as items:
+            self._handle_each(items)
+
+    def _handle_each(self, items: Iterator[InFlight | object]) -> None:
+        for item in items:
             if item is _STOP:
                 return
             assert isinstance(item, InFlight)

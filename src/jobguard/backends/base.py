@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -316,6 +317,11 @@ class QueuePort(Protocol):
         """End a :meth:`wait_for_jobs` under way in this process now, or the next one if none
         is (a worker stopping need not sleep out its poll interval). Never raises.
         """
+
+    def keep_connection(self) -> AbstractContextManager[None]:
+        """While inside, this thread's store calls reuse one connection instead of taking one
+        from a shared pool each time: a worker's handler threads, fetch loop and settler run
+        inside it. A call made while that connection is in use takes another."""
 
     def renew(self, renewals: Sequence[Renewal]) -> list[RenewalResult]:
         """Extend leases (and their locks and slots) that are still ours; report the ones that

@@ -18,11 +18,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, TypeVar
 
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
+from jobguard.backends.postgres.kept import KeptConnections
 from jobguard.backends.postgres.url import parse_postgres_url
 from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import (
@@ -481,6 +482,7 @@ class PostgresDriver:
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pid = -1
         self._guard = threading.Lock()
+        self._kept = KeptConnections(self._pool_of_this_process, lambda: self._pool_size)
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_pid = -1
         self._interrupt = WaitInterrupt()
@@ -518,6 +520,11 @@ class PostgresDriver:
             self._pool_size = wanted
             if self._pool is not None and self._pid == os.getpid():
                 self._pool.resize(min_size=1, max_size=wanted)
+
+    def keep_connection(self) -> AbstractContextManager[None]:
+        """While inside, this thread's calls reuse one pooled connection (see
+        :mod:`jobguard.backends.postgres.kept`)."""
+        return self._kept.keep()
 
     def _pool_of_this_process(self) -> ConnectionPool[psycopg.Connection[Any]]:
         pid = os.getpid()
@@ -592,7 +599,7 @@ class PostgresDriver:
         they name."""
         for attempt in range(_RETRIES):
             try:
-                with self._pool_of_this_process().connection() as conn:
+                with self._kept.connection() as conn:
                     return send(conn)
             except _RETRYABLE as exc:
                 _pause_before_retry(attempt, exc)
@@ -665,7 +672,7 @@ class PostgresDriver:
     def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection, or (``fresh``) a new one of its own, closed after the write."""
         if not fresh:
-            with self._pool_of_this_process().connection() as conn:
+            with self._kept.connection() as conn:
                 yield conn
             return
         try:
@@ -680,7 +687,7 @@ class PostgresDriver:
     def read(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` on a pooled connection (each statement sees committed data)."""
         try:
-            with self._pool_of_this_process().connection() as conn:
+            with self._kept.connection() as conn:
                 return fn(self._tx(conn))
         except psycopg.Error as exc:
             raise self._failed("read", exc) from exc

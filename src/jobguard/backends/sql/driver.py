@@ -138,6 +138,10 @@ class Driver(Protocol):
         """A worker of this process runs up to ``handlers`` handler threads, each of which may
         hold a connection: keep room for them (PostgreSQL sizes its pool)."""
 
+    def keep_connection(self) -> AbstractContextManager[None]:
+        """While inside, this thread's calls reuse one connection instead of taking one of a
+        shared pool each time (a worker's long-lived threads enter it)."""
+
     def close(self) -> None:
         """Close this process's connections."""
 

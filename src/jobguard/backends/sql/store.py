@@ -20,6 +20,7 @@ The store is five parts by role, composed here:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobguard.backends.base import (
@@ -90,6 +91,10 @@ class SQLStore:
     def expect_handlers(self, handlers: int) -> None:
         """Keep room for a worker of ``handlers`` threads (see the driver's)."""
         self.driver.expect_handlers(handlers)
+
+    def keep_connection(self) -> AbstractContextManager[None]:
+        """This thread's calls reuse one connection while inside (see the driver's)."""
+        return self.driver.keep_connection()
 
     def now(self) -> float:
         """The store clock."""

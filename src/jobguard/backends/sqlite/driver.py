@@ -13,7 +13,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -359,6 +359,10 @@ class SQLiteDriver:
     def expect_handlers(self, handlers: int) -> None:
         """Nothing to size: each thread reads on a connection of its own, and the writes of
         every thread go through one writer."""
+
+    def keep_connection(self) -> AbstractContextManager[None]:
+        """Nothing to keep: each thread already reads on a connection of its own."""
+        return nullcontext()
 
     def close(self) -> None:
         """Close this process's connections and its wake-up socket."""
