@@ -139,9 +139,11 @@ def server_tally(url: str, schema: str) -> dict[str, Counter[str]]:
 def since(
     before: dict[str, Counter[str]], after: dict[str, Counter[str]]
 ) -> dict[str, Counter[str]]:
-    """Each count of ``after`` less the same count of ``before``."""
+    """Each count of ``after`` less the same count of ``before`` (none there: zero)."""
     return {
-        name: Counter({key: after[name][key] - before[name][key] for key in after[name]})
+        name: Counter(
+            {key: after[name][key] - before.get(name, Counter())[key] for key in after[name]}
+        )
         for name in after
     }
 
@@ -188,7 +190,9 @@ STORE_TABLES = ("jobs", "attempts", "locks", "slots", "operations", "steps")
 
 def vacuum_analyze(url: str, schema: str, tables: list[str]) -> dict[str, Counter[str]]:
     """``VACUUM ANALYZE`` each of the store's ``tables``; what that did to the server's counts
-    (:func:`server_tally`), to be taken out of the drain's."""
+    (:func:`server_tally`), to be taken out of the drain's; with no tables, nothing is read."""
+    if not tables:
+        return {}
     before = server_tally(url, schema)
     with psycopg.connect(url, autocommit=True) as conn:
         for table in tables:

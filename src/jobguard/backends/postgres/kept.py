@@ -95,10 +95,10 @@ class KeptConnections:
         try:
             yield conn
         except BaseException:
-            state.busy = False
             self._give_back()
             raise
-        state.busy = False
+        finally:
+            state.busy = False
         left_open = conn.info.transaction_status != TransactionStatus.IDLE
         if left_open or time.monotonic() - state.taken_at >= KEPT_FOR_S:
             self._give_back()
