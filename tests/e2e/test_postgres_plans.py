@@ -121,7 +121,8 @@ def record_plans(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
 
     def explained(tx: PostgresTx, name: str, params: Mapping[str, Any]) -> Any:
         if name in PATH:
-            rows = tx.connection.execute(f"EXPLAIN {tx._queries[name]}", bound(params)).fetchall()
+            text = f"EXPLAIN {tx._statements[name].text}"
+            rows = tx.connection.execute(text, bound(params)).fetchall()
             plans.setdefault(name, []).append("\n".join(row[0] for row in rows))
         return execute(tx, name, params)
 
@@ -295,7 +296,7 @@ def test_settling_a_batch_proves_each_item_once_not_once_per_job_row_of_the_batc
             conn = tx.connection
             assert isinstance(conn, psycopg.Connection)
             with conn.transaction(force_rollback=True):
-                text = f"EXPLAIN (ANALYZE, FORMAT JSON) {tx._queries[name]}"
+                text = f"EXPLAIN (ANALYZE, FORMAT JSON) {tx._statements[name].text}"
                 [[plan]] = conn.execute(text, bound(params)).fetchall()
             for node in nodes_of(plan[0]["Plan"]):
                 table = node.get("Relation Name")

@@ -164,6 +164,47 @@ def test_the_fetch_settle_and_db_writes_are_prepared_at_their_first_run_and_a_ca
         app.close()
 
 
+def test_a_pooled_connection_keeps_its_cursors_from_one_statement_to_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cursor made anew looks up again how to send each value of a statement; the pool's
+    connections keep theirs (one for jobguard's statements, one for a step's), so a worker of
+    one handler makes a few cursors for a run of jobs, not several per job. A step refused by
+    the server leaves the kept cursors as usable as new ones: the next job's step runs."""
+    url = fresh_schema_url()
+    migrate_store(url)
+    app = App(backend=PostgresBackend(url, pool_size=2))
+    notes = f'"{stores.schema_of(url)}".notes'
+    stores.execute(url, [f"CREATE TABLE {notes} (n integer PRIMARY KEY CHECK (n <> 7))"])
+    made: list[object] = []
+    make = psycopg.Cursor.__init__
+
+    def counted(cursor: psycopg.Cursor[object], *args: object, **kwargs: object) -> None:
+        made.append(cursor)
+        make(cursor, *args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+
+        @app.task(name="note", operation_key="note:{n}", max_attempts=1)
+        def note(ctx: Context, n: int) -> None:
+            ctx.db_writes("write", [(f"INSERT INTO {notes} (n) VALUES (%s)", (n,))])
+
+        jobs = [note.enqueue(n=n) for n in range(20)]
+        monkeypatch.setattr(psycopg.Cursor, "__init__", counted)
+        drain(app)
+        monkeypatch.undo()
+        assert [n for (n,) in stores.query(url, f"SELECT n FROM {notes} ORDER BY n")] == [
+            n for n in range(20) if n != 7
+        ]
+        statuses = {job.id: app.get_job(job.id).status.value for job in jobs}
+        assert [status for status in statuses.values() if status != "completed"] == ["dead"]
+        # 20 jobs, each with a fetch share, a step of two statements and a settle share: a
+        # cursor each would be 60 or more.
+        assert len(made) <= 10, len(made)
+    finally:
+        app.close()
+
+
 def test_a_worker_of_more_handler_threads_than_the_default_pool_has_a_connection_for_each() -> None:
     """The default pool holds 10 connections; a worker of 16 handler threads, all inside a
     db_step at once (each holding a connection until all 16 are in), gets a connection for

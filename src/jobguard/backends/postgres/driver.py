@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.kept import KeptConnections
+from jobguard.backends.postgres.pooled import PooledConnection
+from jobguard.backends.postgres.statements import Statement, native_statements
 from jobguard.backends.postgres.url import parse_postgres_url
 from jobguard.backends.sql.callers import LoopBridge, unwrap
 from jobguard.backends.sql.driver import (
@@ -147,54 +149,28 @@ def bound(params: Mapping[str, Any]) -> Mapping[str, Any]:
     return {name: Jsonb(value) if name in RECORD_LISTS else value for name, value in params.items()}
 
 
-class _FirstRuns:
-    """Which of jobguard's named statements each connection has run already.
-
-    :meth:`PostgresDriver.write_statement` prepares its statement at once (the fetch, the
-    settle, the renewals): psycopg would send the text unprepared five times first, the server
-    parsing and planning it at each (about 1 ms for the fetch), again on every new connection
-    of the pool. Outside a pipeline psycopg waits for the server to prepare before it executes
-    (a round trip more); inside one it does not, but a pipeline costs about 35 us of CPU a
-    statement. So a statement's first run on a connection goes in a pipeline, its later runs
-    (prepared) without one.
-    """
-
-    def __init__(self) -> None:
-        self._seen: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._lock = threading.Lock()  # connections of the pool are used by many threads
-
-    def first(self, conn: psycopg.Connection[Any], name: str) -> bool:
-        """Whether this is ``name``'s first run on ``conn`` (noted as run from now on)."""
-        with self._lock:
-            names = self._seen.setdefault(conn, set())
-            if name in names:
-                return False
-            names.add(name)
-            return True
-
-
 class PostgresTx(NamedStatements):
     """Named statements on one connection inside a transaction.
 
-    With ``first_runs`` (an autocommit connection of jobguard's own, each statement committed
-    on its own) the statements are prepared at once; see :class:`_FirstRuns`.
+    With ``prepare_at_once`` (a connection of jobguard's pool in autocommit, each statement
+    committed on its own) the statements are prepared at their first run; see
+    :class:`~jobguard.backends.postgres.pooled.PooledConnection`.
     """
 
     def __init__(
         self,
         conn: psycopg.Connection[Any] | LoopBridge,
-        queries: Mapping[str, str],
+        statements: Mapping[str, Statement],
         clock: Callable[[], float] | None,
         server_clock: ServerClock,
-        first_runs: _FirstRuns | None = None,
+        *,
+        prepare_at_once: bool = False,
     ) -> None:
         self._conn = conn
-        self._queries = queries
+        self._statements = statements
         self._clock = clock
         self._server_clock = server_clock
-        self._first_runs = first_runs
+        self._prepare_at_once = prepare_at_once
 
     @property
     def connection(self) -> psycopg.Connection[Any] | LoopBridge:
@@ -202,16 +178,20 @@ class PostgresTx(NamedStatements):
         return self._conn
 
     def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
-        query, values = self._queries[name], bound(params)
-        conn = self._conn
-        if self._first_runs is None or not isinstance(conn, psycopg.Connection):
-            cursor = conn.cursor(row_factory=dict_row)  # also on a caller's own connection
-            return cursor.execute(query, values)
-        cursor = conn.cursor(row_factory=dict_row)
-        if self._first_runs.first(conn, name):
+        statement, conn = self._statements[name], self._conn
+        if not isinstance(conn, psycopg.Connection):  # an asyncio caller's, bridged
+            bridged: psycopg.Cursor[Any] = conn.cursor().execute(statement.text, bound(params))
+            return bridged
+        values = statement.values(bound(params))
+        if not isinstance(conn, PooledConnection):  # a caller's own, or one of a retry
+            return psycopg.RawCursor(conn, row_factory=dict_row).execute(statement.native, values)
+        cursor = conn.named_cursor()
+        if not self._prepare_at_once:
+            return cursor.execute(statement.native, values)
+        if conn.first_run(name):
             with conn.pipeline():  # its rows are read after the pipeline's Sync
-                return cursor.execute(query, values, prepare=True)
-        return cursor.execute(query, values, prepare=True)
+                return cursor.execute(statement.native, values, prepare=True)
+        return cursor.execute(statement.native, values, prepare=True)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -470,7 +450,7 @@ class PostgresDriver:
         self._redact = parsed.redact
         self.schema = parsed.schema
         self._conninfo = with_connection_defaults(parsed.conninfo)
-        self._queries = render_queries(self.schema)
+        self._statements = native_statements(render_queries(self.schema))
         self._clock = clock
         self._server_clock = ServerClock()
         from jobguard.backends.postgres.schema import check_schema
@@ -479,14 +459,13 @@ class PostgresDriver:
             check_schema(conn, self.schema)
         self._pool_size = _DEFAULT_POOL_SIZE if pool_size is None else pool_size
         self._pool_size_given = pool_size is not None
-        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pool: ConnectionPool[PooledConnection] | None = None
         self._pid = -1
         self._guard = threading.Lock()
         self._kept = KeptConnections(self._pool_of_this_process, lambda: self._pool_size)
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_pid = -1
         self._interrupt = WaitInterrupt()
-        self._first_runs = _FirstRuns()
         self._usable_checked = False
         # Callers' connections already seen to hold this schema (checked once each).
         self._adopted: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -526,7 +505,7 @@ class PostgresDriver:
         :mod:`jobguard.backends.postgres.kept`)."""
         return self._kept.keep()
 
-    def _pool_of_this_process(self) -> ConnectionPool[psycopg.Connection[Any]]:
+    def _pool_of_this_process(self) -> ConnectionPool[PooledConnection]:
         pid = os.getpid()
         if self._pool is None or self._pid != pid:
             with self._guard:
@@ -548,14 +527,21 @@ class PostgresDriver:
                         reconnect_timeout=_RECONNECT_WINDOW_S,
                         open=True,
                         name=f"jobguard-{self.schema}",
+                        connection_class=PooledConnection,
                     )
                     self._pid = pid
         return self._pool
 
     def _tx(
-        self, conn: psycopg.Connection[Any] | LoopBridge, *, first_runs: _FirstRuns | None = None
+        self, conn: psycopg.Connection[Any] | LoopBridge, *, prepare_at_once: bool = False
     ) -> PostgresTx:
-        return PostgresTx(conn, self._queries, self._clock, self._server_clock, first_runs)
+        return PostgresTx(
+            conn,
+            self._statements,
+            self._clock,
+            self._server_clock,
+            prepare_at_once=prepare_at_once,
+        )
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
         """Run ``fn`` in one transaction; retried if the server aborted it (deadlock), and once
@@ -583,14 +569,14 @@ class PostgresDriver:
     def write_statement(self, name: str, params: Mapping[str, Any]) -> list[Any]:
         """One named write on a pooled autocommit connection; see the driver seam."""
 
-        def send(conn: psycopg.Connection[Any]) -> list[Row]:
-            tx = self._tx(conn, first_runs=self._first_runs)
+        def send(conn: PooledConnection) -> list[Row]:
+            tx = self._tx(conn, prepare_at_once=True)
             return tx.all(name, {"now": tx.statement_now(), **params})
 
         return self._write_on_its_own(name, send, ours=True)
 
     def _write_on_its_own(
-        self, what: str, send: Callable[[psycopg.Connection[Any]], T], *, ours: bool
+        self, what: str, send: Callable[[PooledConnection], T], *, ours: bool
     ) -> T:
         """Run ``send`` on a pooled autocommit connection, again if the server aborted it (a
         deadlock: nothing of it was written); a failure raised as the driver seam says of
@@ -627,7 +613,7 @@ class PostgresDriver:
         failure as a :class:`StoreUnavailableError`.
         """
 
-        def send(conn: psycopg.Connection[Any]) -> None:
+        def send(conn: PooledConnection) -> None:
             starts = [check_step_statement(conn, query) for query, _ in statements]
             block = not all(runs_alike_without_block(words) for words in starts)
             self._send_together(conn, first, statements, block=block)
@@ -636,7 +622,7 @@ class PostgresDriver:
 
     def _send_together(
         self,
-        conn: psycopg.Connection[Any],
+        conn: PooledConnection,
         first: NamedCall,
         statements: Sequence[tuple[Any, Any]],
         *,
@@ -649,15 +635,16 @@ class PostgresDriver:
         commits everything sent before the pipeline's one Sync, or, at the first failure, skips
         the rest and rolls back what ran (two statements fewer to send than BEGIN and COMMIT).
         """
-        now = _injected_now(self._clock)
-        cursor = conn.cursor()
+        own = self._statements[first[0]]
+        values = own.values({"now": _injected_now(self._clock), **first[1]})
+        named, cursor = conn.named_cursor(), conn.steps_cursor()
         try:
             with conn.pipeline():
                 if block:
                     cursor.execute("BEGIN")
-                # jobguard's own statement prepared at once (see _FirstRuns); the caller's
-                # keep psycopg's rule.
-                cursor.execute(self._queries[first[0]], {"now": now, **first[1]}, prepare=True)
+                # jobguard's own statement prepared at once (see PooledConnection); the
+                # caller's keep psycopg's rule.
+                named.execute(own.native, values, prepare=True)
                 for query, params in statements:
                     cursor.execute(query, params)
                 if block:
@@ -672,8 +659,8 @@ class PostgresDriver:
     def _writing(self, *, fresh: bool) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection, or (``fresh``) a new one of its own, closed after the write."""
         if not fresh:
-            with self._kept.connection() as conn:
-                yield conn
+            with self._kept.connection() as kept:
+                yield kept
             return
         try:
             conn = psycopg.connect(

@@ -21,11 +21,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
+
+from jobguard.backends.postgres.pooled import PooledConnection
 
 # A kept connection goes back to the pool this often, at the most, so that the pool's
 # max_lifetime (an hour by default) still replaces it.
@@ -33,7 +34,7 @@ KEPT_FOR_S = 60.0
 # Connections of the pool never kept: room for the calls of threads that keep none.
 UNKEPT = 2
 
-Pool = ConnectionPool[psycopg.Connection[Any]]
+Pool = ConnectionPool[PooledConnection]
 
 
 class _ThreadState(threading.local):
@@ -41,7 +42,7 @@ class _ThreadState(threading.local):
 
     depth = 0
     busy = False
-    conn: psycopg.Connection[Any] | None = None
+    conn: PooledConnection | None = None
     pool: Pool | None = None
     pid = 0
     taken_at = 0.0
@@ -82,7 +83,7 @@ class KeptConnections:
                 self._give_back()
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self) -> Iterator[PooledConnection]:
         """A connection for one call: the thread's kept one when it keeps one that is not in
         use, else one of the pool's for this call alone."""
         state = self._thread
@@ -103,7 +104,7 @@ class KeptConnections:
         if left_open or time.monotonic() - state.taken_at >= KEPT_FOR_S:
             self._give_back()
 
-    def _take(self) -> psycopg.Connection[Any] | None:
+    def _take(self) -> PooledConnection | None:
         """The thread's kept connection, taken now if it has none and there is room (None:
         no room, the call takes one of the pool's)."""
         state = self._thread
