@@ -16,8 +16,9 @@ class PooledConnection(psycopg.Connection[Any]):
 
     - its two cursors, one for jobguard's named statements (dict rows, sent in their native
       form: :mod:`jobguard.backends.postgres.statements`) and one for a step's own statements.
-      A new cursor looks up again how to send each type of value (10 to 20 us of CPU a
-      statement with ten values, on a 2-core VM); a kept one has them;
+      A new cursor looks up again how to send each type of value (about 5 us of CPU for a
+      statement of ten values on a 2-core VM: ``python -m bench.statement_cpu``); a kept one
+      has them;
     - which named statements ran on it already (:meth:`first_run`). One written on its own (the
       fetch, the settle, the renewals) is prepared at its first run: psycopg would send the text
       unprepared five times first, the server parsing and planning it each time (about 1 ms for
