@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from jobguard.backends.base import Backend
-from jobguard.exceptions import StepSQLError
+from jobguard.exceptions import StaleFenceError, StepSQLError
 from jobguard.testing import ControlledClock
 from tests.contract.conftest import BACKENDS, business_table
 from tests.contract.test_operation_port import KEY, STALE_GUARDS, deliver, stored
+from tests.contract.test_slot_port import held, slot_taken_over
 from tests.support.ports import begin_operation, fetch, guard_of
 
 _reads = itertools.count()
@@ -107,6 +108,20 @@ def test_writes_of_a_stale_guard_are_refused_and_nothing_commits(
         backend.db_writes(guard, KEY, "invoice", [insert(backend, invoices, 42)])
     assert rows(backend, invoices) == []
     assert "invoice" not in stored(backend).steps
+
+
+def test_writes_of_a_stale_slot_holder_are_refused_and_nothing_commits(
+    backend: Backend, clock: ControlledClock, invoices: str
+) -> None:
+    """G3.5: a holder paused past its concurrency slot's TTL, whose slot went to another
+    delivery (its lease and claim still its own), writes neither rows nor the step."""
+    stale, fresh = slot_taken_over(backend, clock)
+    with pytest.raises(StaleFenceError, match=r"acct:1 \(concurrency slot 0\)"):
+        backend.db_writes(held(stale), "op:a", "invoice", [insert(backend, invoices, 42)])
+    assert rows(backend, invoices) == []
+    assert "invoice" not in stored(backend, "op:a").steps
+    assert backend.db_writes(held(fresh), "op:b", "invoice", [insert(backend, invoices, 43)])
+    assert rows(backend, invoices) == [(43, None)]
 
 
 def test_a_failing_statement_rolls_back_the_ones_before_it_and_the_step(

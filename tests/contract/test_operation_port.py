@@ -350,10 +350,24 @@ def _lost_claim(backend: Backend, clock: ControlledClock) -> Guard:
     return guard
 
 
+def _claim_taken_under_its_lease(backend: Backend, clock: ControlledClock) -> Guard:
+    """The claim taken by another job of the operation while this delivery's job still holds
+    its (expired) lease: no fetch took this job over, so only the claim proof can refuse it."""
+    guard = deliver(backend, visibility_timeout_s=5.0)
+    begin_operation(backend, guard, KEY, None)
+    clock.advance(5.0)
+    other = backend.enqueue(make_spec(priority=10, visibility_timeout_s=60.0))
+    (taken,) = fetch(backend, ["default"], 1, "w2")
+    assert taken.job_id == other.id
+    assert begin_operation(backend, guard_of(taken), KEY, None)
+    return guard
+
+
 STALE_GUARDS: dict[str, tuple[StaleGuard, type[GuardLost]]] = {
     "stale-lease": (_stale_lease, LeaseLostError),
     "stale-fence": (_stale_fence, StaleFenceError),
     "lost-claim": (_lost_claim, LeaseLostError),
+    "claim-taken": (_claim_taken_under_its_lease, LeaseLostError),
 }
 
 

@@ -203,17 +203,24 @@ def test_the_heartbeat_keeps_a_slot_and_a_dead_holders_slot_is_free_after_its_tt
     assert (result.lease_ok, result.lock_ok) == (True, False)  # its lease lives, its slot not
 
 
-def test_a_stale_slot_holders_step_and_success_are_refused_by_the_slots_fence(
-    backend: Backend, clock: ControlledClock
-) -> None:
-    """G3.5, G3.6: a holder paused past its slot's TTL, whose slot went to another delivery,
-    cannot record a step nor complete its job; the new holder can."""
+def slot_taken_over(backend: Backend, clock: ControlledClock) -> tuple[Prepared, Prepared]:
+    """A holder of the one slot of ``acct:1`` (operation ``op:a``) paused past the slot's TTL,
+    its lease and claim still its own, and the delivery (``op:b``) granted the slot since."""
     backend.enqueue(slotted(limit=1, operation_key="op:a", visibility_timeout_s=100.0))
     (stale,) = fetch_begun(backend, 1)
     clock.advance(TTL_S + 1)
     backend.enqueue(slotted(limit=1, operation_key="op:b", visibility_timeout_s=100.0))
     (fresh,) = fetch_begun(backend, 1, "w2")
     assert slot_of(fresh).fence == 2
+    return stale, fresh
+
+
+def test_a_stale_slot_holders_step_and_success_are_refused_by_the_slots_fence(
+    backend: Backend, clock: ControlledClock
+) -> None:
+    """G3.5, G3.6: a holder paused past its slot's TTL, whose slot went to another delivery,
+    cannot record a step nor complete its job; the new holder can."""
+    stale, fresh = slot_taken_over(backend, clock)
     with pytest.raises(StaleFenceError, match=r"acct:1 \(concurrency slot 0\)"):
         backend.put_step(held(stale), "op:a", "charge", "1")
     (refusal,) = backend.settle([success(held(stale), CLOSING, operation_key="op:a")])
