@@ -27,9 +27,8 @@ import redis
 from bench.measure import EFFECT_ROWS, read_effects
 from bench.pgdb import scratch_database
 from bench.procs import bench_env, start, stop, wait_for
-from bench.round_trips import counting
+from bench.round_trips import counting, statement_names
 from jobguard.backends import migrate_store
-from jobguard.backends.postgres.driver import render_queries
 
 REDIS_URL = os.environ.get("JOBGUARD_BENCH_REDIS", "redis://127.0.0.1:6379/13")
 HOSTS = ("celery", "rq", "dramatiq")
@@ -90,7 +89,7 @@ def count(deliveries: int) -> None:
         tasks = importlib.reload(importlib.import_module("bench.host_tasks"))
         guard = tasks.rq_guard
         guard.run("bench.rq_guarded", {"n": -1, "t": time.time()}, "warm-up")  # connections
-        names = {text: name for name, text in render_queries("jobguard_bench").items()}
+        names = statement_names("jobguard_bench")
         try:
             with counting(names) as (counts, waits):
                 for n in range(deliveries):

@@ -43,8 +43,8 @@ from psycopg import sql
 
 from bench.compare import RESULTS, Tee
 from bench.pgdb import scratch_database
+from bench.procs import cpu_seconds
 
-TICKS_S = os.sysconf("SC_CLK_TCK")
 PROOF = "SELECT %s::bigint AS lease_ok"
 EFFECT = "INSERT INTO bench_tx (v) VALUES (%s)"
 STEP = "SELECT %s::bigint AS step_ok"
@@ -117,13 +117,6 @@ WAYS: dict[str, Callable[[psycopg.Connection[Any], psycopg.Cursor[Any], int], No
 }
 
 
-def cpu_of(pid: int) -> float:
-    """User + system CPU seconds of one process, from ``/proc``."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS_S
-
-
 def client(url: str, way: str, threads: int, count: int, out: Any) -> None:
     """One client process: ``threads`` connections, ``count`` transactions on each."""
     conns = [psycopg.connect(url, autocommit=True) for _ in range(threads)]
@@ -139,7 +132,7 @@ def client(url: str, way: str, threads: int, count: int, out: Any) -> None:
         loop_cur = conn.cursor()
         for n in range(10):
             send(conn, loop_cur, n)
-    server0 = sum(cpu_of(pid) for pid in backends)
+    server0 = sum(cpu_seconds(pid) for pid in backends)
     own0 = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     running = [threading.Thread(target=loop, args=(conn,)) for conn in conns]
@@ -149,7 +142,7 @@ def client(url: str, way: str, threads: int, count: int, out: Any) -> None:
         thread.join()
     wall = time.perf_counter() - started
     own1 = resource.getrusage(resource.RUSAGE_SELF)
-    server1 = sum(cpu_of(pid) for pid in backends)
+    server1 = sum(cpu_seconds(pid) for pid in backends)
     cpu = own1.ru_utime + own1.ru_stime - own0.ru_utime - own0.ru_stime
     out.put((wall, cpu, server1 - server0))
     for conn in conns:

@@ -42,13 +42,24 @@ from psycopg import _pipeline_base, sql
 
 from bench.measure import load
 from bench.pgdb import scratch_database
+from bench.procs import cpu_seconds
 from bench.stores import BenchStore
 from jobguard.backends.postgres.driver import render_queries
+from jobguard.backends.postgres.statements import native_statements
 from jobguard.worker import Worker
 
 
+def statement_names(schema: str) -> dict[str | bytes, str]:
+    """jobguard's statement names by what psycopg is given to run: the text, or the native form
+    the driver sends (:mod:`jobguard.backends.postgres.statements`)."""
+    names: dict[str | bytes, str] = {}
+    for name, statement in native_statements(render_queries(schema)).items():
+        names[statement.text] = names[statement.native] = name
+    return names
+
+
 @contextmanager
-def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]]]:
+def counting(names: dict[str | bytes, str]) -> Iterator[tuple[Counter[str], Counter[str]]]:
     """Count every statement psycopg runs in this process, by jobguard's name where known, and
     every wait for the server (a round trip): ``(statements, waits)``."""
     counts: Counter[str] = Counter()
@@ -58,8 +69,13 @@ def counting(names: dict[str, str]) -> Iterator[tuple[Counter[str], Counter[str]
     fetch_gen = _pipeline_base.BasePipeline._fetch_gen
 
     def counted_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        text = query if isinstance(query, str) else query.as_string(self.connection)
-        name = names.get(text, text.split()[0].upper())
+        if isinstance(query, bytes):
+            text: str | bytes = query
+            first = query.split()[0].decode()
+        else:
+            text = query if isinstance(query, str) else query.as_string(self.connection)
+            first = text.split()[0]
+        name = names.get(text, first.upper())
         counts[name] += 1
         if self.connection._pipeline is None:
             waits[name] += 1
@@ -158,14 +174,13 @@ def server_cpu_s(url: str) -> float:
                 [f"jobguard:{os.getpid()}"],
             )
         ]
-    ticks = 0
+    total = 0.0
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += cpu_seconds(pid)
         except OSError:
             continue  # on another host, or gone
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def hold_running(url: str, schema: str, count: int) -> None:
@@ -280,7 +295,7 @@ def main() -> None:
         tally_before = server_tally(url, store.schema)
         enqueue(module, args.job, args.jobs)
         statistics_run = vacuum_analyze(url, store.schema, args.analyzed)
-        names = {text: name for name, text in render_queries(store.schema).items()}
+        names = statement_names(store.schema)
         worker = Worker(module.app, queues=[args.job], concurrency=args.concurrency)
         cpu_before = time.process_time()
         with counting(names) as (counts, waits):

@@ -26,18 +26,16 @@ round, so that neither the machine's drift nor the steps table's growth favours 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from bench.pgdb import scratch_database
+from bench.procs import cpu_seconds
 from jobguard.backends._sql import parse_queries
-from jobguard.backends.postgres.driver import _STORE_NOW, render_queries
+from jobguard.backends.postgres.driver import render_queries
 from jobguard.backends.postgres.migrate import migrate_url
 
 NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -51,13 +49,6 @@ NO_PROOF = (
     f"(%(key)s, %(name)s, %(result)s, %(fence)s, {NOW})"
 )
 EFFECT = "INSERT INTO step_effects (n, note) VALUES (%s, %s)"
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def server_cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) the server's process ``pid`` has spent so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
 
 def prepare(conn: psycopg.Connection[Any], jobs: int) -> list[int]:
@@ -90,40 +81,29 @@ def record_of(checkout: Path) -> str:
     queries = checkout / "src" / "jobguard" / "backends" / "postgres" / "queries.sql"
     if not queries.is_file():
         raise SystemExit(f"--before {checkout}: not a jobguard checkout (no {queries.name})")
-    text = parse_queries(queries.read_text())["insert_step_or_fail"]
-    return (
-        sql.SQL(text)
-        .format(schema=sql.Identifier("jobguard"), store_now=_STORE_NOW)
-        .as_string(None)
-    )
+    return render_queries("jobguard", parse_queries(queries.read_text()))["insert_step_or_fail"]
 
 
-def one_round(
-    conn: psycopg.Connection[Any], record: str, ids: list[int], step: str
-) -> Callable[[], None]:
+def run_round(conn: psycopg.Connection[Any], record: str, ids: list[int], step: str) -> None:
     """A round of ``record``: one step's transaction for each job, named ``step``."""
     cursor = conn.cursor()
-
-    def run() -> None:
-        for n, job_id in enumerate(ids, 1):
-            params = {
-                "key": f"op{n}",
-                "name": step,
-                "result": "null",
-                "fence": 1,
-                "now": None,
-                "job_id": job_id,
-                "lease_token": f"lease{n}",
-                "resource": f"res{n}",
-                "slot_key": None,
-                "slot": None,
-                "slot_fence": None,
-            }
-            with conn.pipeline():
-                cursor.execute(record, params, prepare=True)
-                cursor.execute(EFFECT, (n, step), prepare=True)
-
-    return run
+    for n, job_id in enumerate(ids, 1):
+        params = {
+            "key": f"op{n}",
+            "name": step,
+            "result": "null",
+            "fence": 1,
+            "now": None,
+            "job_id": job_id,
+            "lease_token": f"lease{n}",
+            "resource": f"res{n}",
+            "slot_key": None,
+            "slot": None,
+            "slot_fence": None,
+        }
+        with conn.pipeline():
+            cursor.execute(record, params, prepare=True)
+            cursor.execute(EFFECT, (n, step), prepare=True)
 
 
 def main() -> None:
@@ -153,11 +133,10 @@ def main() -> None:
             for round_number in range(args.rounds + 1):  # the first round warms up
                 turn = round_number % len(forms)
                 for form, record in [*forms.items()][turn:] + [*forms.items()][:turn]:
-                    run = one_round(conn, record, ids, f"{form} {round_number}")
-                    before = server_cpu_s(pid)
-                    run()
+                    before = cpu_seconds(pid)
+                    run_round(conn, record, ids, f"{form} {round_number}")
                     if round_number:
-                        per_tx[form].append((server_cpu_s(pid) - before) / len(ids) * 1e6)
+                        per_tx[form].append((cpu_seconds(pid) - before) / len(ids) * 1e6)
             recorded = conn.execute("SELECT count(*) FROM jobguard.steps").fetchone()
             expected = len(ids) * (args.rounds + 1) * len(forms)
             if recorded is None or recorded[0] != expected:

@@ -110,8 +110,9 @@ def _pause_before_retry(attempt: int, exc: psycopg.Error) -> None:
     time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
 
 
-def render_queries(schema: str) -> dict[str, str]:
-    """The named statements with jobguard's schema and notification channel filled in.
+def render_queries(schema: str, raw: Mapping[str, str] = _RAW) -> dict[str, str]:
+    """The named statements (``raw``: this package's ``queries.sql``, parsed) with jobguard's
+    schema and notification channel filled in.
 
     The names are quoted by psycopg (never formatted into SQL by hand); the schema name was
     also checked to be a plain identifier where it was given.
@@ -121,7 +122,7 @@ def render_queries(schema: str) -> dict[str, str]:
         "channel": sql.Literal(channel_of(schema)),
         "store_now": _STORE_NOW,
     }
-    return {name: sql.SQL(text).format(**values).as_string(None) for name, text in _RAW.items()}
+    return {name: sql.SQL(text).format(**values).as_string(None) for name, text in raw.items()}
 
 
 def with_connection_defaults(conninfo: str) -> str:
