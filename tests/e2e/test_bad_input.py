@@ -23,6 +23,7 @@ from jobguard import (
     JobStatus,
     Outcome,
     PayloadError,
+    Retry,
     UnknownTaskError,
 )
 from jobguard.app import DEFAULT_MAX_PAYLOAD_BYTES
@@ -305,10 +306,12 @@ def test_a_count_stored_at_its_largest_value_stops_no_other_job(store_url: str) 
     try:
         echo = register_echo(app)
 
-        @app.task(name="flaky", operation_key="flaky:{n}", backoff_base_s=60)
+        @app.task(name="flaky", operation_key="flaky:{n}")
         def flaky(ctx: Context, n: int) -> None:
             if ctx.attempt == 1:
-                raise RuntimeError("the first delivery fails; its operation row stays")
+                # A delay of its own: a backoff's full jitter may come out near zero, and the
+                # retry would run in this burst.
+                raise Retry("the first delivery fails; its operation row stays", delay_s=3600)
 
         @app.task(name="failing", max_attempts=10, backoff_base_s=60)
         def failing(ctx: Context) -> None:
