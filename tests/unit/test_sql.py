@@ -43,6 +43,45 @@ def test_an_empty_query_is_refused() -> None:
         _sql.parse_queries("-- name: nothing\n\n-- name: something\nSELECT 1;\n")
 
 
+def test_a_part_is_put_in_place_in_every_query_that_names_it() -> None:
+    """A condition several statements share is written once; each gets it, without its
+    documenting comments, where it names it."""
+    text = """
+-- part: held
+-- Why the row is held.
+held_by = :me
+AND until > :now
+
+-- name: renew
+UPDATE t SET until = :later WHERE {part:held};
+
+-- name: release
+DELETE FROM t WHERE {part:held} RETURNING id;
+"""
+    queries = _sql.parse_queries(text)
+    assert list(queries) == ["renew", "release"]
+    assert queries["renew"] == "UPDATE t SET until = :later WHERE held_by = :me\nAND until > :now;"
+    assert queries["release"] == (
+        "DELETE FROM t WHERE held_by = :me\nAND until > :now RETURNING id;"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("-- name: q\nSELECT 1 WHERE {part:missing};\n", "part 'missing' is used but not defined"),
+        ("-- part: idle\nx = 1\n-- name: q\nSELECT 1;\n", "part 'idle' is defined but no query"),
+        ("-- part: p\nx\n-- part: p\ny\n-- name: q\nSELECT {part:p};\n", "'p' is defined twice"),
+        ("-- part: p\n\n-- name: q\nSELECT {part:p};\n", "part 'p' is empty"),
+    ],
+)
+def test_a_part_missing_unused_twice_or_empty_is_refused_at_load(text: str, error: str) -> None:
+    """A statement left with a part's name in it, or a shared condition no statement checks, is
+    a mistake in the file, found when it is loaded."""
+    with pytest.raises(ValueError, match=re.escape(error)):
+        _sql.parse_queries(text)
+
+
 DRIVERS = ["jobguard.backends.sqlite", "jobguard.backends.postgres"]
 DIALECT_ONLY = {
     "settle_set": "postgres",

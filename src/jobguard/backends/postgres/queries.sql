@@ -604,51 +604,41 @@ RETURNING *;
 -- name: steps_of_operation
 SELECT name, result FROM {schema}.steps WHERE operation_key = %(key)s;
 
+-- part: step_proofs
+-- What a step's record proves as it is written, just before its transaction commits: the lease
+-- current, no newer fence on the resource's lock (the lock row held FOR SHARE until COMMIT, so
+-- a takeover's grant, which raises the fence, waits for this transaction) nor on the
+-- concurrency slot, the operation's claim held by this lease.
+EXISTS (SELECT 1 FROM {schema}.jobs
+        WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running')
+AND (%(resource)s::text IS NULL
+     OR coalesce((SELECT fence FROM {schema}.locks WHERE resource = %(resource)s::text
+                  FOR SHARE), 0) <= %(fence)s::bigint)
+AND (%(slot_key)s::text IS NULL
+     OR coalesce((SELECT fence FROM {schema}.slots
+                  WHERE key = %(slot_key)s::text AND slot = %(slot)s::integer), 0)
+        <= %(slot_fence)s::bigint)
+AND EXISTS (SELECT 1 FROM {schema}.operations
+            WHERE key = %(key)s AND owner_lease = %(lease_token)s)
+
 -- name: insert_step
--- A step recorded only while every proof still holds, checked again as it is written, just
--- before its transaction commits: the lease current, no newer fence on the resource's lock (the
--- lock row held FOR SHARE until COMMIT, so a takeover's grant, which raises the fence, waits for
--- this transaction) nor on the concurrency slot, the operation's claim held by this lease.
--- Inserts nothing when one fails (the caller reads which, and rolls back).
+-- A step recorded only while every proof still holds (step_proofs). Inserts nothing when one
+-- fails (the caller reads which, and rolls back).
 INSERT INTO {schema}.steps (operation_key, name, result, fence, created_at)
 SELECT %(key)s, %(name)s, %(result)s, %(fence)s, %(now)s
-WHERE EXISTS (SELECT 1 FROM {schema}.jobs
-              WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = 'running')
-  AND (%(resource)s::text IS NULL
-       OR coalesce((SELECT fence FROM {schema}.locks WHERE resource = %(resource)s::text
-                    FOR SHARE), 0) <= %(fence)s::bigint)
-  AND (%(slot_key)s::text IS NULL
-       OR coalesce((SELECT fence FROM {schema}.slots
-                    WHERE key = %(slot_key)s::text AND slot = %(slot)s::integer), 0)
-          <= %(slot_fence)s::bigint)
-  AND EXISTS (SELECT 1 FROM {schema}.operations
-              WHERE key = %(key)s AND owner_lease = %(lease_token)s);
+WHERE {part:step_proofs};
 
 -- name: insert_step_or_fail
 -- A db_writes step's record, first in its transaction and sent with the step's statements in
--- one round trip, written only while every proof holds, as insert_step checks them (the lock
--- row held FOR SHARE until COMMIT, so a takeover's grant waits for this transaction; another
--- delivery's record of the step, not committed yet, makes this one wait and then fail as a
--- duplicate). A proof that fails leaves created_at NULL, which its NOT NULL refuses: the
--- statement fails, and the server runs none of the statements sent after it, COMMIT included.
--- One plain INSERT: a data-modifying WITH and an aggregate failing on no row written cost the
--- server a tenth more per step's transaction (python -m bench.step_server_cpu).
+-- one round trip, written only while every proof holds (step_proofs; another delivery's record
+-- of the step, not committed yet, makes this one wait and then fail as a duplicate). A proof
+-- that fails leaves created_at NULL, which its NOT NULL refuses: the statement fails, and the
+-- server runs none of the statements sent after it, COMMIT included. One plain INSERT: a
+-- data-modifying WITH and an aggregate failing on no row written cost the server a tenth more
+-- per step's transaction (python -m bench.step_server_cpu).
 INSERT INTO {schema}.steps (operation_key, name, result, fence, created_at)
 VALUES (%(key)s, %(name)s, %(result)s, %(fence)s,
-        CASE WHEN EXISTS (SELECT 1 FROM {schema}.jobs
-                          WHERE id = %(job_id)s AND lease_token = %(lease_token)s
-                            AND status = 'running')
-                  AND (%(resource)s::text IS NULL
-                       OR coalesce((SELECT fence FROM {schema}.locks
-                                    WHERE resource = %(resource)s::text FOR SHARE), 0)
-                          <= %(fence)s::bigint)
-                  AND (%(slot_key)s::text IS NULL
-                       OR coalesce((SELECT fence FROM {schema}.slots
-                                    WHERE key = %(slot_key)s::text AND slot = %(slot)s::integer),
-                                   0) <= %(slot_fence)s::bigint)
-                  AND EXISTS (SELECT 1 FROM {schema}.operations
-                              WHERE key = %(key)s AND owner_lease = %(lease_token)s)
-             THEN {store_now} END);
+        CASE WHEN {part:step_proofs} THEN {store_now} END);
 
 -- name: lease_holder_alive
 -- Is the operation's current claimant still alive (its lease unexpired)?

@@ -408,37 +408,33 @@ WHERE operations.key = item.key AND operations.owner_lease = item.owner_lease
 -- name: steps_of_operation
 SELECT name, result FROM steps WHERE operation_key = :key;
 
+-- part: step_proofs
+-- What a step's record proves as it is written (as on PostgreSQL; here the write transaction
+-- already excludes every other writer): the lease current, no newer fence on the lock nor on
+-- the slot, the claim held by this lease.
+EXISTS (SELECT 1 FROM jobs
+        WHERE id = :job_id AND lease_token = :lease_token AND status = 'running')
+AND (:resource IS NULL
+     OR coalesce((SELECT fence FROM locks WHERE resource = :resource), 0) <= :fence)
+AND (:slot_key IS NULL
+     OR coalesce((SELECT fence FROM slots WHERE key = :slot_key AND slot = :slot), 0)
+        <= :slot_fence)
+AND EXISTS (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token)
+
 -- name: insert_step
--- A step recorded only while every proof still holds, checked again as it is written (as on
--- PostgreSQL; here the write transaction already excludes every other writer): the lease
--- current, no newer fence on the lock nor on the slot, the claim held by this lease. Inserts
--- nothing when one fails (the caller reads which, and rolls back).
+-- A step recorded only while every proof still holds (step_proofs). Inserts nothing when one
+-- fails (the caller reads which, and rolls back).
 INSERT INTO steps (operation_key, name, result, fence, created_at)
 SELECT :key, :name, :result, :fence, :now
-WHERE EXISTS (SELECT 1 FROM jobs
-              WHERE id = :job_id AND lease_token = :lease_token AND status = 'running')
-  AND (:resource IS NULL
-       OR coalesce((SELECT fence FROM locks WHERE resource = :resource), 0) <= :fence)
-  AND (:slot_key IS NULL
-       OR coalesce((SELECT fence FROM slots WHERE key = :slot_key AND slot = :slot), 0)
-          <= :slot_fence)
-  AND EXISTS (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token);
+WHERE {part:step_proofs};
 
 -- name: insert_step_or_fail
--- A db_writes step's record, first in its transaction, written only while every proof holds,
--- as insert_step checks them, and not over a record of the step already there; it returns the
--- row it wrote, and the driver stops the write (before the step's statements) when there is
--- none.
+-- A db_writes step's record, first in its transaction, written only while every proof holds
+-- (step_proofs), and not over a record of the step already there; it returns the row it wrote,
+-- and the driver stops the write (before the step's statements) when there is none.
 INSERT OR IGNORE INTO steps (operation_key, name, result, fence, created_at)
 SELECT :key, :name, :result, :fence, :now
-WHERE EXISTS (SELECT 1 FROM jobs
-              WHERE id = :job_id AND lease_token = :lease_token AND status = 'running')
-  AND (:resource IS NULL
-       OR coalesce((SELECT fence FROM locks WHERE resource = :resource), 0) <= :fence)
-  AND (:slot_key IS NULL
-       OR coalesce((SELECT fence FROM slots WHERE key = :slot_key AND slot = :slot), 0)
-          <= :slot_fence)
-  AND EXISTS (SELECT 1 FROM operations WHERE key = :key AND owner_lease = :lease_token)
+WHERE {part:step_proofs}
 RETURNING 1 AS proven;
 
 -- name: lease_holder_alive
