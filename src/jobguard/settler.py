@@ -164,15 +164,21 @@ def gather(
     """One batch: ``first`` and what follows it in ``source``, up to ``limit``, and whether the
     stop mark came. While handlers still run (``running()``), their endings are near: it waits
     up to ``linger_s`` from the start for them, so they share this batch's commit instead of
-    paying one of their own; with none running it takes only what is already there."""
+    paying one of their own; with none running it takes only what is already there. It waits
+    asleep (in naps of at most :data:`LINGER_S`), not on ``source``: an ending put meanwhile
+    wakes no thread (at 2x16 the settler then blocked 0.74-0.81 times a job against 1.23-1.35
+    and spent 47-61 us of CPU a job against 54-66: ``python -m bench.thread_switches``)."""
     batch = [first]
     linger_until = time.monotonic() + linger_s
     while len(batch) < limit:
-        wait_s = linger_until - time.monotonic() if running() else 0.0
         try:
-            following = source.get(block=wait_s > 0, timeout=max(wait_s, 0.0))
+            following = source.get_nowait()
         except queue_module.Empty:
-            return batch, False
+            wait_s = linger_until - time.monotonic() if running() else 0.0
+            if wait_s <= 0:
+                return batch, False
+            time.sleep(min(wait_s, LINGER_S))
+            continue
         if following is _STOP:
             return batch, True
         batch.append(following)

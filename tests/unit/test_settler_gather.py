@@ -1,5 +1,6 @@
 """How the settler gathers a batch: it waits a moment for the endings of handlers still running
-(they then share one commit), and never waits when none runs or the batch is full."""
+(they then share one commit), asleep rather than on the queue, and never waits when none runs or
+the batch is full."""
 
 from __future__ import annotations
 
@@ -63,3 +64,29 @@ def test_the_stop_mark_ends_the_batch_and_says_so() -> None:
     source.put(_STOP)
     source.put("after the stop")
     assert gather(source, "first", lambda: 1, LONG_S) == (["first"], True)
+
+
+class WatchedQueue(queue.SimpleQueue[object]):
+    """A queue that counts the gets that could block (a thread waiting on it, woken by a put)."""
+
+    blocking_gets = 0
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        if block:
+            self.blocking_gets += 1
+        return super().get(block, timeout)
+
+
+def test_it_lingers_asleep_so_an_ending_put_meanwhile_wakes_no_one() -> None:
+    source = WatchedQueue()
+    asked = threading.Event()
+
+    def running() -> int:
+        asked.set()
+        return 1
+
+    putter = put_later(source, "second", asked)
+    batch, _ = gather(source, "first", running, LONG_S, limit=2)
+    putter.join()
+    assert batch == ["first", "second"]
+    assert source.blocking_gets == 0
