@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +35,7 @@ from typing import Any
 import psycopg
 
 from bench.compare import results_run
-from bench.measure import load
+from bench.measure import load, median_line
 from bench.pgdb import INSERT_EFFECT_PG
 from bench.stores import BenchStore
 from jobguard.backends.postgres.pooled import PooledConnection
@@ -184,10 +183,9 @@ def main() -> None:
             for label, us in jobguard_round(url, Path(folder), args.jobs).items():
                 found[label].append(us)
             found[BARE].append(bare_round(url, args.jobs))
-        say(f"one thread, batches of {BATCH}; thread CPU per job in us, each round (median)")
+        say(f"one thread, batches of {BATCH}; thread CPU per job in us: median (each round)")
         for label, values in found.items():
-            rounds = " ".join(f"{value:6.1f}" for value in values)
-            say(f"{label:45s} {rounds}   ({statistics.median(values):.1f})")
+            say(median_line(label, values, 45))
 
 
 if __name__ == "__main__":

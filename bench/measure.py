@@ -1,9 +1,11 @@
-"""What the benches read back: business rows, paced enqueues, and the app modules they load."""
+"""What the benches read back: business rows, paced enqueues, the app modules they load, and
+how they print the rounds of a measure."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -93,3 +95,9 @@ def load(name: str, url: str) -> ModuleType:
     """Import (or re-import) a bench app module against the database at ``url``."""
     os.environ["JOBGUARD_BENCH_URL"] = url
     return importlib.reload(importlib.import_module(name))
+
+
+def median_line(label: str, values: list[float], width: int) -> str:
+    """``label``, the median of ``values`` and each of them, as one line of a table."""
+    spread = ", ".join(f"{value:.1f}" for value in values)
+    return f"{label:<{width}} {statistics.median(values):7.1f}   ({spread})"

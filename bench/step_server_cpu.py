@@ -26,12 +26,12 @@ round, so that neither the machine's drift nor the steps table's growth favours 
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench.measure import median_line
 from bench.pgdb import scratch_database
 from bench.procs import cpu_seconds
 from jobguard.backends._sql import parse_queries
@@ -143,8 +143,7 @@ def main() -> None:
                 raise SystemExit(f"recorded {recorded} steps, expected {expected}")
     print(f"server CPU per step transaction, us (median of {args.rounds} rounds of {args.jobs})")
     for form, values in per_tx.items():
-        spread = ", ".join(f"{value:.1f}" for value in values)
-        print(f"{form:<11} {statistics.median(values):7.1f}   ({spread})")
+        print(median_line(form, values, 11))
 
 
 if __name__ == "__main__":
