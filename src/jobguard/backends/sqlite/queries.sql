@@ -98,7 +98,9 @@ FROM (SELECT json_extract(value, '$.job_id') AS job_id,
              json_extract(value, '$.lease_token') AS lease_token,
              json_extract(value, '$.visibility_timeout_s') AS visibility_timeout_s
       FROM json_each(:items)) AS item
-WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND jobs.status = 'running'
+-- +jobs.status: not by the status index, which would visit every running job (every worker's)
+-- once per item; the items lead, each job found by its id.
+WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND +jobs.status = 'running'
 RETURNING jobs.id, jobs.lease_token, jobs.cancel_requested_by;
 
 -- name: settle_jobs
@@ -144,7 +146,8 @@ FROM (SELECT json_extract(value, '$.job_id') AS job_id,
              json_extract(value, '$.code') AS code,
              json_extract(value, '$.reason') AS reason
       FROM json_each(:items)) AS item
-WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND jobs.status = 'running'
+-- +jobs.status: the items lead, each job found by its id (as in extend_leases).
+WHERE jobs.id = item.job_id AND jobs.lease_token = item.lease_token AND +jobs.status = 'running'
   AND (item.resource IS NULL
        OR NOT EXISTS (SELECT 1 FROM locks
                       WHERE locks.resource = item.resource AND locks.fence > item.fence))
