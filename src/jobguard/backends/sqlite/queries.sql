@@ -24,7 +24,8 @@ ORDER BY id DESC LIMIT 1;
 SELECT :dedup_key;
 
 -- name: count_dedup_hit
-UPDATE jobs SET dedup_hits = dedup_hits + 1 WHERE id = :id;
+-- Stops at the column's largest value: one more would turn the count into a real number.
+UPDATE jobs SET dedup_hits = min(dedup_hits, 9223372036854775806) + 1 WHERE id = :id;
 
 -- name: insert_job
 INSERT INTO jobs (task, queue, payload, status, priority, available_at, run_at, max_attempts,
@@ -118,7 +119,9 @@ SET status = item.status,
     lease_token = NULL,
     finished_at = CASE WHEN item.status = 'queued' THEN jobs.finished_at ELSE :now END,
     attempts = jobs.attempts - item.uncharge,
-    deferrals = jobs.deferrals + item.deferral,
+    -- Stops at the column's largest value: past it the count turns into a real number, and the
+    -- job's next fetch would bury it as unrunnable instead of deferring it again.
+    deferrals = min(jobs.deferrals, 9223372036854775807 - item.deferral) + item.deferral,
     last_error = CASE WHEN item.set_error THEN item.last_error ELSE jobs.last_error END,
     error_signature = CASE WHEN item.set_signature THEN item.error_signature
                            ELSE jobs.error_signature END,
