@@ -4,10 +4,10 @@ Such a statement joins ``json_each(:items)`` to a table. Led by the items, each 
 its key: the cost follows the batch. Led by the table, SQLite visits every row an index gives
 it (say every running job, every worker's, through the status index) and scans the items for
 each: the cost follows the whole table times the batch. The settle and the lease renewal were
-planned the second way once, and a drain of plain jobs ran at about half its speed (README,
-"SQLite alone"). SQLite has no statistics of a table-valued function, so the plan is read here
-from ``EXPLAIN QUERY PLAN``, on a store with running and finished jobs, before and after
-``ANALYZE``.
+planned the second way once, and a drain of plain jobs ran at about half its speed
+(docs/performance.md, "SQLite alone"). SQLite has no statistics of a table-valued function, so
+the plan is read here from ``EXPLAIN QUERY PLAN``, on a store with running and finished jobs,
+before and after ``ANALYZE``.
 """
 
 from __future__ import annotations
