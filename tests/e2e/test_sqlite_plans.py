@@ -39,8 +39,8 @@ def store_with_jobs(folder: Path) -> sqlite3.Connection:
     path = folder / "plans.db"
     migrate_store(f"sqlite:///{path}")
     conn = sqlite3.connect(path)
-    columns = {row[1]: row for row in conn.execute("PRAGMA table_info(jobs)")}
-    assert {"status", "lease_token", "queue", "task"} <= set(columns)
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    assert {"status", "lease_token", "queue", "task"} <= columns
     conn.execute(
         "INSERT INTO jobs (queue, task, payload, status, lease_token, created_at, available_at,"
         " run_at, max_attempts, visibility_timeout_s) SELECT 'q', 't', '{}', CASE WHEN"
