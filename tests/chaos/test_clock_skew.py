@@ -32,13 +32,30 @@ def test_a_worker_60_s_off_never_overlaps_another_on_a_lease_or_a_lock(
     guard_app.create_business_tables(store_url)
     app = guard_app.make_app(store_url, lease_s=1.0, lock_ttl_s=1.0)
     try:
+        # All but two jobs on a queue both workers take from; one on a queue of each worker's
+        # own, so that each surely runs a job (the one started second could otherwise find
+        # every job run or taken), while every job waits for the same lock.
+        queues = ["shared"] * (JOBS - 2) + ["on-time", "skewed"]
+        hold = app.tasks[HOLD]
         jobs = [
-            app.tasks[HOLD].enqueue(job_no=n, resource="dock", hold_s=0.25) for n in range(JOBS)
+            hold.options(queue=queue).enqueue(job_no=n, resource="dock", hold_s=0.25)
+            for n, queue in enumerate(queues)
         ]
-        on_time = spawn_worker(store_url, guard_app.__name__, concurrency=2, worker_id="on-time")
+        on_time = spawn_worker(
+            store_url,
+            guard_app.__name__,
+            queues=["on-time", "shared"],
+            concurrency=2,
+            worker_id="on-time",
+        )
         skewed_env = {**worker_env(), SKEW_ENV: repr(skew_s)}
         skewed = spawn_worker(
-            store_url, guard_app.__name__, concurrency=2, worker_id="skewed", env=skewed_env
+            store_url,
+            guard_app.__name__,
+            queues=["skewed", "shared"],
+            concurrency=2,
+            worker_id="skewed",
+            env=skewed_env,
         )
         with workers(on_time, skewed):
             wait_until(
