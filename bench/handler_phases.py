@@ -9,15 +9,15 @@ One thread does, in turn, what a worker's threads do for the ``writes`` jobs of 
 row, the batched success): ``fetch_prepared`` in batches of 16, ``Pipeline.run`` of each
 delivery, one ``settle`` of the batch, the hooks told; nothing else runs, so no thread waits
 for the GIL. Each phase's CPU is that thread's own (``time.thread_time``), per job. Within
-``Pipeline.run``: the store's ``db_writes`` and, within that, psycopg's pipeline (from
-entering it to its end, the result read); within the fetch and the settle, their one statement
-each (psycopg's execute and the rows read, before jobguard turns them into deliveries or
-refusals).
+``Pipeline.run``: the store's ``db_writes`` and, within that, its round trip
+(``OneTrip.run``: the values dumped, the statements sent, every reply read); within the fetch
+and the settle, their one statement each (psycopg's execute and the rows read, before jobguard
+turns them into deliveries or refusals).
 
 Beside it, ``bare psycopg``: the same two statements' shapes (a 12-value INSERT prepared, the
-4-value business INSERT) in one pipeline on a plain connection, with no proof to satisfy:
-what psycopg alone costs a step sent at once. The two take turns, ``--rounds`` times, each
-jobguard round on a fresh schema. The output is also written to
+4-value business INSERT) in one psycopg pipeline on a plain connection, with no proof to
+satisfy: what psycopg's own pipeline costs a step sent at once. The two take turns,
+``--rounds`` times, each jobguard round on a fresh schema. The output is also written to
 ``bench/results/handler-phases-DATE.txt``.
 """
 
@@ -38,7 +38,7 @@ from bench.compare import results_run
 from bench.measure import load, median_line
 from bench.pgdb import INSERT_EFFECT_PG
 from bench.stores import BenchStore
-from jobguard.backends.postgres.pooled import PooledConnection
+from jobguard.backends.postgres.onetrip import OneTrip
 from jobguard.pipeline import Pipeline
 
 BATCH = 16
@@ -48,14 +48,14 @@ PHASES = (
     "adopt",
     "Pipeline.run",
     "  of which the store's db_writes",
-    "    of which psycopg's pipeline",
+    "    of which its round trip (OneTrip.run)",
     "settle",
     "  of which its statement (settle_set)",
     "hooks told",
 )
-FETCH, FETCH_STATEMENT, ADOPT, RUN, DB_WRITES, PIPELINE, SETTLE, SETTLE_STATEMENT, HOOKS = PHASES
+FETCH, FETCH_STATEMENT, ADOPT, RUN, DB_WRITES, ROUND_TRIP, SETTLE, SETTLE_STATEMENT, HOOKS = PHASES
 STATEMENT_OF = {"lease_and_begin": FETCH_STATEMENT, "settle_set": SETTLE_STATEMENT}
-BARE = "bare psycopg: the same step in one pipeline"
+BARE = "bare psycopg: the same step in one psycopg pipeline"
 BARE_RECORD = (
     b"INSERT INTO bare_steps (key, name, result, fence, created_at) VALUES "
     b"($1, $2, $3, $4, CASE WHEN $5::bigint IS NOT NULL AND $6::text IS NOT NULL "
@@ -78,24 +78,14 @@ def timed(spent: collections.defaultdict[str, float], label: str, fn: Callable[.
 
 
 @contextmanager
-def pipelines_timed(spent: collections.defaultdict[str, float], label: str) -> Iterator[None]:
-    """Count the thread CPU of every pipeline of jobguard's pool connections, end included."""
-    original = PooledConnection.pipeline
-
-    @contextmanager
-    def pipeline(self: PooledConnection) -> Iterator[Any]:
-        started = time.thread_time()
-        try:
-            with original(self) as opened:
-                yield opened
-        finally:
-            spent[label] += time.thread_time() - started
-
-    PooledConnection.pipeline = pipeline  # type: ignore[assignment,method-assign]
+def round_trips_timed(spent: collections.defaultdict[str, float], label: str) -> Iterator[None]:
+    """Count the thread CPU of every ``OneTrip.run`` (a db_writes step's round trip)."""
+    original = OneTrip.run
+    OneTrip.run = timed(spent, label, original)  # type: ignore[method-assign]
     try:
         yield
     finally:
-        PooledConnection.pipeline = original  # type: ignore[method-assign]
+        OneTrip.run = original  # type: ignore[method-assign]
 
 
 def jobguard_round(database_url: str, folder: Path, jobs: int) -> dict[str, float]:
@@ -121,7 +111,7 @@ def jobguard_round(database_url: str, folder: Path, jobs: int) -> dict[str, floa
     driver.write_statement = statement_timed
     done = 0
     clock = time.thread_time
-    with backend.keep_connection(), pipelines_timed(spent, PIPELINE):
+    with backend.keep_connection(), round_trips_timed(spent, ROUND_TRIP):
         while True:
             t0 = clock()
             prepared = backend.fetch_prepared(["writes"], BATCH, "bench-phases", rules)

@@ -1,21 +1,24 @@
-"""What psycopg's pipeline mode costs a threaded worker: one step-shaped transaction, three ways.
+"""What psycopg's pipeline mode costs a threaded worker: one step-shaped transaction, six ways.
 
 Usage (from the repository root, PostgreSQL on 127.0.0.1:5432)::
 
     python -m bench.pipeline_threads                       # 1 thread, then 2 processes x 8
     python -m bench.pipeline_threads --shapes 1x1,2x16 --transactions 1500
+    python -m bench.pipeline_threads --shapes 1x1,2x16 --ways all,onetrip
 
 Each transaction has the shape of a ``ctx.db_step`` on PostgreSQL: BEGIN, a read that proves
 the guard, the job's own INSERT, a read standing for the step record's fenced insert, COMMIT.
-It is sent five ways, each thread on its own autocommit connection of a throw-away database:
+It is sent six ways, each thread on its own autocommit connection of a throw-away database:
 
 * ``separate``: every statement its own round trip (5), as jobguard's ``db_step`` sends them;
 * ``ends``: BEGIN with the proof, and the last read with COMMIT, each pair in one psycopg
   pipeline (3 round trips: the user's statements in the middle are not pipelined, so that
   their errors are raised where they are executed);
 * ``two``: BEGIN with the proof, then the rest in a second pipeline (2 round trips);
-* ``all``: the whole transaction in one pipeline (1 round trip), as the floor bench sends it and
-  as ``ctx.db_writes`` sends a step;
+* ``all``: the whole transaction in one psycopg pipeline (1 round trip), as the floor bench
+  sends it;
+* ``onetrip``: the same statements in libpq's pipeline mode below psycopg's cursors, one flush
+  and one wait (:mod:`jobguard.backends.postgres.onetrip`), as ``ctx.db_writes`` sends a step;
 * ``text``: the whole transaction as one text, the values bound on the client (1 round trip, one
   write and one wait, where a pipeline waits for its socket once per statement).
 
@@ -44,6 +47,7 @@ from psycopg import sql
 from bench.compare import RESULTS, Tee
 from bench.pgdb import scratch_database
 from bench.procs import cpu_seconds
+from jobguard.backends.postgres.onetrip import Call, OneTrip, caller_call
 
 PROOF = "SELECT %s::bigint AS lease_ok"
 EFFECT = "INSERT INTO bench_tx (v) VALUES (%s)"
@@ -108,12 +112,33 @@ def text(conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], n: int) -> Non
     )
 
 
+_TRIPS: dict[int, OneTrip] = {}
+
+
+def one_trip(conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], n: int) -> None:
+    """One round trip: the five statements sent by jobguard's OneTrip (each connection keeps
+    its own, with the statements it prepared)."""
+    trip = _TRIPS.get(id(conn))
+    if trip is None:
+        trip = _TRIPS[id(conn)] = OneTrip(conn)
+    trip.run(
+        [
+            Call(b"BEGIN"),
+            caller_call(conn, PROOF, (n,)),
+            caller_call(conn, EFFECT, (n,)),
+            caller_call(conn, STEP, (n,)),
+            Call(b"COMMIT"),
+        ]
+    )
+
+
 WAYS: dict[str, Callable[[psycopg.Connection[Any], psycopg.Cursor[Any], int], None]] = {
     "separate": separate,
     "ends": ends,
     "two": two,
     "all": whole,
     "text": text,
+    "onetrip": one_trip,
 }
 
 
@@ -190,7 +215,16 @@ def main() -> None:
         help="PROCESSESxTHREADS,... (default 1x1,2x8)",
     )
     parser.add_argument("--transactions", type=int, default=1500, help="per thread and run")
+    parser.add_argument(
+        "--ways",
+        type=lambda text: text.split(","),
+        default=list(WAYS),
+        help=f"which ways, in turn (default all: {','.join(WAYS)})",
+    )
     args = parser.parse_args()
+    unknown = sorted(set(args.ways) - set(WAYS))
+    if unknown:
+        parser.error(f"--ways: no way named {', '.join(unknown)} (the ways: {', '.join(WAYS)})")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"pipeline-threads-{dt.date.today().isoformat()}.txt"
     with path.open("a") as sink, scratch_database() as url:
@@ -200,7 +234,8 @@ def main() -> None:
             version = conn.execute("SHOW server_version").fetchone()
         say(
             f"$ python -m bench.pipeline_threads --shapes "
-            f"{','.join(f'{p}x{t}' for p, t in args.shapes)} --transactions {args.transactions}; "
+            f"{','.join(f'{p}x{t}' for p, t in args.shapes)} --transactions {args.transactions} "
+            f"--ways {','.join(args.ways)}; "
             f"psycopg {psycopg.__version__} "
             f"({psycopg.pq.__impl__}), PostgreSQL {version[0] if version else '?'}, "
             f"{os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.1f}"
@@ -208,7 +243,7 @@ def main() -> None:
         run = partial(measure, url, count=args.transactions)
         for processes, threads in args.shapes:
             for _ in range(2):
-                for way in WAYS:
+                for way in args.ways:
                     say(run(way, processes, threads))
     print(f"written to {path}")
 

@@ -202,9 +202,8 @@ def test_a_procedure_that_commits_fails_the_step_and_nothing_of_it_commits(
     assert "invoice" not in stored(postgres).steps
 
 
-def test_a_lock_statement_takes_its_lock_in_the_steps_transaction(postgres: Backend) -> None:
-    """``LOCK`` needs a transaction block: a step with one runs in BEGIN ... COMMIT and
-    commits whole."""
+def invoices_and_a_delivery(postgres: Backend) -> tuple[str, Any]:
+    """A table of invoices made by a step of its own, and the guard of a delivery of KEY."""
     table = business_table(postgres, "invoices")
     guard = deliver(postgres, operation_key="schema")
     begin_operation(postgres, guard, "schema", None)
@@ -212,6 +211,37 @@ def test_a_lock_statement_takes_its_lock_in_the_steps_transaction(postgres: Back
     postgres.db_writes(guard, "schema", "create", [(create, None)])
     guard = deliver(postgres)
     begin_operation(postgres, guard, KEY, None)
+    return table, guard
+
+
+def test_a_lock_statement_takes_its_lock_in_the_steps_transaction(postgres: Backend) -> None:
+    """``LOCK`` needs a transaction block: a step with one runs in BEGIN ... COMMIT and
+    commits whole."""
+    table, guard = invoices_and_a_delivery(postgres)
     writes = [(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE", None), insert(postgres, table, 7)]
     assert postgres.db_writes(guard, KEY, "invoice", writes) is True
+    assert rows(postgres, table) == [(7, None)]
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ((7,), "the query has 2 placeholders but 1 parameters were passed"),
+        ({"order_id": 7}, "named placeholders|sequence"),
+        ((7, object()), "cannot adapt type 'object'"),
+        ((7, "a\x00"), "NUL"),
+    ],
+)
+def test_values_that_do_not_fit_their_statement_fail_the_step_before_anything_is_sent(
+    postgres: Backend, values: Any, words: str
+) -> None:
+    """The caller's mistake, said in psycopg's words as a StepSQLError (not the store failing):
+    nothing of the step is sent, and the step then runs once with fitting values."""
+    table, guard = invoices_and_a_delivery(postgres)
+    text = insert(postgres, table, 7)[0]
+    with pytest.raises(StepSQLError, match=words):
+        postgres.db_writes(guard, KEY, "invoice", [insert(postgres, table, 6), (text, values)])
+    assert rows(postgres, table) == []
+    assert "invoice" not in stored(postgres).steps
+    assert postgres.db_writes(guard, KEY, "invoice", [(text, (7, None))]) is True
     assert rows(postgres, table) == [(7, None)]

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.kept import KeptConnections
+from jobguard.backends.postgres.onetrip import Call, UnsendableValue, caller_call
 from jobguard.backends.postgres.pooled import PooledConnection
 from jobguard.backends.postgres.statements import Statement, native_statements
 from jobguard.backends.postgres.url import parse_postgres_url
@@ -48,6 +49,7 @@ from jobguard.exceptions import (
 try:
     import psycopg
     from psycopg import errors, sql
+    from psycopg.adapt import PyFormat
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg.pq import TransactionStatus
     from psycopg.rows import dict_row, tuple_row
@@ -601,55 +603,53 @@ class PostgresDriver:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def write_together(self, first: NamedCall, statements: Sequence[tuple[Any, Any]]) -> None:
-        """One transaction sent in one round trip (a psycopg pipeline): the named statement
-        ``first``, then the caller's ``statements`` (SQL text and parameters, each checked
-        before anything is sent as a db_step's are). When every one of ``statements`` is plain
-        DML (:func:`runs_alike_without_block`) they run in the pipeline's implicit transaction,
+        """One transaction sent in one round trip (libpq's pipeline mode: see
+        :mod:`~jobguard.backends.postgres.onetrip`): the named statement ``first``, then the
+        caller's ``statements`` (SQL text and parameters, each checked before anything is sent
+        as a db_step's are). When every one of ``statements`` is plain DML
+        (:func:`runs_alike_without_block`) they run in the pipeline's implicit transaction,
         committed at its end; otherwise between BEGIN and COMMIT.
 
         The server stops at the first statement that fails and skips the rest, the commit
         included: then nothing of it commits. Run again if the server aborted it (a deadlock).
         Raises :class:`StatementRefused`, caused by the server's error, when a statement failed;
         :class:`StatementCutOff` when the connection broke (it may have committed); any other
-        failure as a :class:`StoreUnavailableError`.
+        failure as a :class:`StoreUnavailableError`; a statement whose placeholders and
+        parameters do not match, or whose values cannot be sent, as a
+        :class:`~jobguard.exceptions.StepSQLError` before anything is sent.
         """
 
         def send(conn: PooledConnection) -> None:
             starts = [check_step_statement(conn, query) for query, _ in statements]
             block = not all(runs_alike_without_block(words) for words in starts)
-            self._send_together(conn, first, statements, block=block)
+            try:
+                calls = [self._named_call(first), *(caller_call(conn, *s) for s in statements)]
+                if block:
+                    calls = [Call(b"BEGIN"), *calls, Call(b"COMMIT")]
+                self._send_together(conn, calls)
+            except UnsendableValue as exc:  # the caller's mistake, not the store failing
+                raise StepSQLError(f"SQL of the step failed: {exc}") from exc.__cause__
 
         self._write_on_its_own("a statement", send, ours=False)
 
-    def _send_together(
-        self,
-        conn: PooledConnection,
-        first: NamedCall,
-        statements: Sequence[tuple[Any, Any]],
-        *,
-        block: bool,
-    ) -> None:
-        """:meth:`write_together`'s pipeline; a failed one is rolled back before the
+    def _named_call(self, named: NamedCall) -> Call:
+        """jobguard's named statement as a :class:`Call`, prepared at once (see
+        PooledConnection)."""
+        own = self._statements[named[0]]
+        values = own.values({"now": _injected_now(self._clock), **named[1]})
+        return Call(own.native, values, (PyFormat.AUTO,) * len(values), prepare=True)
+
+    @staticmethod
+    def _send_together(conn: PooledConnection, calls: list[Call]) -> None:
+        """:meth:`write_together`'s round trip; a failed one is rolled back before the
         connection goes back to the pool.
 
-        Without ``block`` the statements run in the pipeline's implicit transaction: the server
+        Without BEGIN the statements run in the pipeline's implicit transaction: the server
         commits everything sent before the pipeline's one Sync, or, at the first failure, skips
         the rest and rolls back what ran (two statements fewer to send than BEGIN and COMMIT).
         """
-        own = self._statements[first[0]]
-        values = own.values({"now": _injected_now(self._clock), **first[1]})
-        named, cursor = conn.named_cursor(), conn.steps_cursor()
         try:
-            with conn.pipeline():
-                if block:
-                    cursor.execute("BEGIN")
-                # jobguard's own statement prepared at once (see PooledConnection); the
-                # caller's keep psycopg's rule.
-                named.execute(own.native, values, prepare=True)
-                for query, params in statements:
-                    cursor.execute(query, params)
-                if block:
-                    cursor.execute("COMMIT")
+            conn.one_trip().run(calls)
         except psycopg.Error:
             if not conn.closed:
                 with suppress(psycopg.Error):

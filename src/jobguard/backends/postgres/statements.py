@@ -10,16 +10,14 @@ again at an execution.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.adapt import PyFormat
 
-# What psycopg reads in a statement: a named placeholder, %% for a literal %, or (refused
-# here) any other use of %.
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|(%%)|%")
+from jobguard.backends.postgres.placeholders import convert
 
 
 @dataclass(frozen=True)
@@ -35,19 +33,15 @@ class Statement:
     @classmethod
     def of(cls, text: str) -> Statement:
         """``text`` (psycopg's named placeholders only) with its native form."""
-        names: list[str] = []
-
-        def native(match: re.Match[str]) -> str:
-            name, percent = match.groups()
-            if percent:
-                return "%"
-            if name is None:
-                raise ValueError(f"only %(name)s placeholders are converted: {text[:80]!r}")
-            if name not in names:
-                names.append(name)
-            return f"${names.index(name) + 1}"
-
-        return cls(text, _PLACEHOLDER.sub(native, text).encode(), tuple(names))
+        try:
+            converted = convert(text.encode(), "utf-8")
+        except psycopg.ProgrammingError as exc:
+            raise ValueError(f"only %(name)s placeholders are converted: {exc}") from None
+        if converted.count and (
+            converted.names is None or set(converted.formats) != {PyFormat.AUTO}
+        ):
+            raise ValueError(f"only %(name)s placeholders are converted: {text[:80]!r}")
+        return cls(text, converted.native, converted.names or ())
 
     def values(self, params: Mapping[str, Any]) -> list[Any]:
         """``params`` in the order of the native placeholders."""

@@ -1,0 +1,217 @@
+"""A transaction's statements sent together and read back in one round trip, in libpq's
+pipeline mode, below psycopg's cursors.
+
+psycopg's pipeline (``Connection.pipeline``) runs each statement through its cursor's
+generators and waits on the socket after every statement it queues and twice more at its end:
+on the 2-core VM two INSERTs cost the client about 200 us of CPU that way, against about 70 us
+for the same libpq calls made here with one flush and one wait for the replies (``python -m
+bench.one_trip``). A ``db_writes`` step knows every statement before it sends one, so it needs
+none of what the cursors add: the values are dumped first by psycopg's own adapters (nothing is
+sent when one cannot be), then the statements are queued, synced once and every reply read, and
+the server's first error is raised as psycopg raises it. What the server does is unchanged: the
+same statements in the same pipeline, each on its own (the extended protocol runs one statement
+a text), up to one Sync.
+
+A statement is prepared on its connection at once (jobguard's own), or as psycopg prepares it
+(a caller's: at its ``prepare_threshold``-th use, never when that is ``None``), and at most
+:data:`MOST_PREPARED` on a connection; later ones go unprepared, so that statements built anew
+for every job cannot fill the server's memory.
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.errors import error_from_result
+
+from jobguard.backends.postgres.placeholders import convert
+
+# Prepared statements a connection keeps for this module (psycopg keeps as many of its own).
+MOST_PREPARED = 100
+# Texts whose uses a connection counts towards their prepare, at the most (then it starts again).
+_MOST_COUNTED = 1000
+
+_OK = frozenset({pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK, pq.ExecStatus.EMPTY_QUERY})
+_READ = select.POLLIN | select.POLLERR | select.POLLHUP
+_WRITE = _READ | select.POLLOUT
+
+
+class UnsendableValue(Exception):
+    """A statement that cannot be sent as given (its placeholders and parameters do not match,
+    or a value has no PostgreSQL form); raised before anything is sent."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One statement to send: its text with ``$n`` placeholders, its values (``None``: it has
+    none), the format each value is dumped in, and when it is prepared: at once (``True``),
+    never (``False``), or as psycopg prepares a statement (``None``)."""
+
+    native: bytes
+    values: Sequence[Any] | None = None
+    formats: Sequence[PyFormat] = ()
+    prepare: bool | None = False
+
+
+def caller_call(conn: psycopg.Connection[Any], query: Any, params: Any) -> Call:
+    """A caller's statement (psycopg's placeholders: text, bytes or ``psycopg.sql``) as a
+    :class:`Call`, prepared as psycopg prepares it; with ``params`` ``None`` its text is sent as it is, ``%`` and all,
+    as psycopg sends it."""
+    try:
+        if isinstance(query, sql.Composable):
+            text = query.as_bytes(conn)
+        else:
+            text = query.encode(conn.info.encoding) if isinstance(query, str) else query
+        if params is None:
+            return Call(text, prepare=None)
+        converted = convert(text, conn.info.encoding)
+        return Call(converted.native, converted.values(params), converted.formats, prepare=None)
+    except (psycopg.Error, TypeError, ValueError) as exc:
+        raise UnsendableValue(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class _Dumped:
+    call: Call
+    params: Sequence[Any] | None
+    types: tuple[int, ...]
+    formats: Sequence[pq.Format] | None
+
+
+class OneTrip:
+    """Sends :class:`Call` lists on one connection (kept by it: it knows what it prepared)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._transformer = Transformer(conn)
+        self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        self._uses: dict[tuple[bytes, tuple[int, ...]], int] = {}
+
+    def run(self, calls: Sequence[Call]) -> None:
+        """Send ``calls`` and read every reply, in one round trip.
+
+        Raises the server's first error as psycopg does (its class by SQLSTATE); the server ran
+        nothing after it, up to the Sync. A failure of the connection raises psycopg's
+        ``OperationalError``, and anything unforeseen midway closes the connection before it
+        is raised: a connection is never left halfway through a pipeline.
+        """
+        try:  # a value that cannot be sent: none is
+            dumped = [self._dump(call) for call in calls]
+        except (psycopg.Error, TypeError, ValueError) as exc:
+            raise UnsendableValue(str(exc)) from exc
+        conn = self._conn
+        with conn.lock:
+            pgconn = conn.pgconn
+            try:
+                pgconn.enter_pipeline_mode()
+                replies = self._send(pgconn, dumped)
+                pgconn.pipeline_sync()
+                _flush(pgconn)
+                error = self._read(pgconn, replies)
+                pgconn.exit_pipeline_mode()
+            except BaseException:
+                pgconn.finish()  # psycopg then reads the connection as closed
+                raise
+        if error is not None:
+            raise error
+
+    def _dump(self, call: Call) -> _Dumped:
+        if call.values is None:
+            return _Dumped(call, None, (), None)
+        params = self._transformer.dump_sequence(call.values, call.formats)
+        types = tuple(self._transformer.types or ())
+        return _Dumped(call, params, types, self._transformer.formats)
+
+    def _send(self, pgconn: pq.abc.PGconn, dumped: list[_Dumped]) -> list[_Prepare | None]:
+        """Queue every statement; what each reply will answer (a prepare, or ``None``)."""
+        replies: list[_Prepare | None] = []
+        preparing: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        for each in dumped:
+            key = (each.call.native, each.types)
+            name = self._prepared.get(key) or preparing.get(key)
+            made = len(self._prepared) + len(preparing)
+            if name is None and made < MOST_PREPARED and self._prepare_now(key, each.call):
+                # A name whose prepare is not answered (skipped after an error) is free again.
+                name = b"_jg_%d" % made
+                pgconn.send_prepare(name, each.call.native, each.types or None)
+                preparing[key] = name
+                replies.append(_Prepare(key, name))
+            if name is not None:
+                pgconn.send_query_prepared(name, each.params, each.formats)
+            else:
+                pgconn.send_query_params(
+                    each.call.native, each.params, each.types or None, each.formats
+                )
+            replies.append(None)
+        return replies
+
+    def _prepare_now(self, key: tuple[bytes, tuple[int, ...]], call: Call) -> bool:
+        """Whether a statement not prepared yet is prepared at this use."""
+        if call.prepare is not None:
+            return call.prepare
+        threshold = self._conn.prepare_threshold
+        if threshold is None:
+            return False
+        if len(self._uses) >= _MOST_COUNTED:
+            self._uses.clear()
+        uses = self._uses[key] = self._uses.get(key, 0) + 1
+        return uses > threshold  # psycopg's count: the uses before this one
+
+    def _read(self, pgconn: pq.abc.PGconn, replies: list[_Prepare | None]) -> psycopg.Error | None:
+        """Every reply up to the Sync's; the first error, if any. A prepare is noted once its
+        reply says it was made (one skipped after an error was not)."""
+        error: psycopg.Error | None = None
+        encoding = self._conn.info.encoding
+        waiting = iter(replies)
+        answering = next(waiting, None)
+        while True:
+            while pgconn.is_busy():
+                _wait(pgconn, _READ)
+                pgconn.consume_input()
+            result = pgconn.get_result()
+            if result is None:  # the end of one statement's replies
+                answering = next(waiting, None)
+                continue
+            status = result.status
+            if status == pq.ExecStatus.PIPELINE_SYNC:
+                return error
+            if status == pq.ExecStatus.FATAL_ERROR:
+                error = error or error_from_result(result, encoding)
+            elif status in _OK:
+                if answering is not None:
+                    self._prepared[answering.key] = answering.name
+            elif status != pq.ExecStatus.PIPELINE_ABORTED:
+                # COPY, which needs a conversation of its own: the connection cannot go on.
+                raise psycopg.NotSupportedError(
+                    f"a statement sent with db_writes cannot be {pq.ExecStatus(status).name}"
+                )
+
+
+@dataclass(frozen=True)
+class _Prepare:
+    key: tuple[bytes, tuple[int, ...]]
+    name: bytes
+
+
+def _flush(pgconn: pq.abc.PGconn) -> None:
+    """Send all that is queued, reading what the server sends meanwhile (so that neither side
+    waits for the other with a full buffer)."""
+    while pgconn.flush():
+        if _wait(pgconn, _WRITE) & select.POLLIN:
+            pgconn.consume_input()
+
+
+def _wait(pgconn: pq.abc.PGconn, events: int) -> int:
+    """Block (the GIL let go) until the connection's socket is ready for ``events``."""
+    poller = select.poll()
+    poller.register(pgconn.socket, events)
+    while True:
+        ready = poller.poll()
+        if ready:
+            return ready[0][1]
