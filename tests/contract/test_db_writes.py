@@ -245,3 +245,15 @@ def test_values_that_do_not_fit_their_statement_fail_the_step_before_anything_is
     assert "invoice" not in stored(postgres).steps
     assert postgres.db_writes(guard, KEY, "invoice", [(text, (7, None))]) is True
     assert rows(postgres, table) == [(7, None)]
+
+
+@pytest.mark.parametrize("copy", ["COPY {table} FROM STDIN", "/* rows */ copy {table} TO STDOUT"])
+def test_a_copy_is_refused_before_anything_is_sent(postgres: Backend, copy: str) -> None:
+    """COPY needs an exchange of its own with the server, which a step sent at once has not:
+    the caller's mistake, said before anything runs (the store is not unavailable)."""
+    table, guard = invoices_and_a_delivery(postgres)
+    writes = [insert(postgres, table, 7), (copy.format(table=table), None)]
+    with pytest.raises(StepSQLError, match="cannot be COPY"):
+        postgres.db_writes(guard, KEY, "invoice", writes)
+    assert rows(postgres, table) == []
+    assert "invoice" not in stored(postgres).steps

@@ -621,6 +621,11 @@ class PostgresDriver:
 
         def send(conn: PooledConnection) -> None:
             starts = [check_step_statement(conn, query) for query, _ in statements]
+            if any(words[:1] == ["copy"] for words in starts):
+                raise StepSQLError(
+                    "a db_writes statement cannot be COPY: its rows would need an exchange with "
+                    "the server of their own; write them with INSERT"
+                )
             block = not all(runs_alike_without_block(words) for words in starts)
             try:
                 calls = [self._named_call(first), *(caller_call(conn, *s) for s in statements)]

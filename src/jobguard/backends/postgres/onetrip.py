@@ -61,8 +61,8 @@ class Call:
 
 def caller_call(conn: psycopg.Connection[Any], query: Any, params: Any) -> Call:
     """A caller's statement (psycopg's placeholders: text, bytes or ``psycopg.sql``) as a
-    :class:`Call`, prepared as psycopg prepares it; with ``params`` ``None`` its text is sent as it is, ``%`` and all,
-    as psycopg sends it."""
+    :class:`Call`, prepared as psycopg prepares it; with ``params`` ``None`` its text is sent
+    as it is, ``%`` and all, as psycopg sends it."""
     try:
         if isinstance(query, sql.Composable):
             text = query.as_bytes(conn)
