@@ -105,6 +105,11 @@ def test_a_statement_whose_prepare_was_skipped_after_an_error_is_prepared_at_its
     trip.run([insert(conn, 1), later])
     assert notes(conn) == [(1, "x")]
     assert prepared(conn) == 3  # the division, the insert and the update
+    # A prepare the server answered outlives the failure of its transaction: the division's
+    # name is used again, and fails as the division, not as a statement the server lacks.
+    with pytest.raises(errors.DivisionByZero):
+        trip.run([broken])
+    assert prepared(conn) == 3
 
 
 def test_a_connection_prepares_at_most_its_share_and_sends_the_rest_unprepared(

@@ -3,19 +3,20 @@ pipeline mode, below psycopg's cursors.
 
 psycopg's pipeline (``Connection.pipeline``) runs each statement through its cursor's
 generators and waits on the socket after every statement it queues and twice more at its end:
-on the 2-core VM two INSERTs cost the client about 200 us of CPU that way, against about 70 us
-for the same libpq calls made here with one flush and one wait for the replies (``python -m
-bench.one_trip``). A ``db_writes`` step knows every statement before it sends one, so it needs
-none of what the cursors add: the values are dumped first by psycopg's own adapters (nothing is
-sent when one cannot be), then the statements are queued, synced once and every reply read, and
-the server's first error is raised as psycopg raises it. What the server does is unchanged: the
-same statements in the same pipeline, each on its own (the extended protocol runs one statement
-a text), up to one Sync.
+on one thread of the 2-core VM a step-shaped transaction of five statements cost the client
+343-405 us of CPU that way, against 134-153 us sent from here with one flush and one wait for
+the replies (``python -m bench.pipeline_threads --ways all,onetrip``). A ``db_writes`` step
+knows every statement before it sends one, so it needs none of what the cursors add: the
+values are dumped first by psycopg's own adapters (nothing is sent when one cannot be), then
+the statements are queued, synced once and every reply read, and the server's first error is
+raised as psycopg raises it. What the server does is unchanged: the same statements in the
+same pipeline, each on its own (the extended protocol runs one statement a text), up to one
+Sync.
 
 A statement is prepared on its connection at once (jobguard's own), or as psycopg prepares it
-(a caller's: at its ``prepare_threshold``-th use, never when that is ``None``), and at most
-:data:`MOST_PREPARED` on a connection; later ones go unprepared, so that statements built anew
-for every job cannot fill the server's memory.
+(a caller's: after the connection's ``prepare_threshold`` uses, never when that is ``None``),
+and at most :data:`MOST_PREPARED` on a connection; later ones go unprepared, so that
+statements built anew for every job cannot fill the server's memory.
 """
 
 from __future__ import annotations
