@@ -65,13 +65,14 @@ def caller_call(conn: psycopg.Connection[Any], query: Any, params: Any) -> Call:
     :class:`Call`, prepared as psycopg prepares it; with ``params`` ``None`` its text is sent
     as it is, ``%`` and all, as psycopg sends it."""
     try:
+        encoding = conn.info.encoding
         if isinstance(query, sql.Composable):
             text = query.as_bytes(conn)
         else:
-            text = query.encode(conn.info.encoding) if isinstance(query, str) else query
+            text = query.encode(encoding) if isinstance(query, str) else query
         if params is None:
             return Call(text, prepare=None)
-        converted = convert(text, conn.info.encoding)
+        converted = convert(text, encoding)
         return Call(converted.native, converted.values(params), converted.formats, prepare=None)
     except (psycopg.Error, TypeError, ValueError) as exc:
         raise UnsendableValue(str(exc)) from exc
@@ -93,6 +94,8 @@ class OneTrip:
         self._transformer = Transformer(conn)
         self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self._uses: dict[tuple[bytes, tuple[int, ...]], int] = {}
+        self._poller: select.poll | None = None
+        self._events = 0
 
     def run(self, calls: Sequence[Call]) -> None:
         """Send ``calls`` and read every reply, in one round trip.
@@ -113,7 +116,7 @@ class OneTrip:
                 pgconn.enter_pipeline_mode()
                 replies = self._send(pgconn, dumped)
                 pgconn.pipeline_sync()
-                _flush(pgconn)
+                self._flush(pgconn)
                 error = self._read(pgconn, replies)
                 pgconn.exit_pipeline_mode()
             except BaseException:
@@ -173,7 +176,7 @@ class OneTrip:
         answering = next(waiting, None)
         while True:
             while pgconn.is_busy():
-                _wait(pgconn, _READ)
+                self._wait(pgconn, _READ)
                 pgconn.consume_input()
             result = pgconn.get_result()
             if result is None:  # the end of one statement's replies
@@ -193,26 +196,28 @@ class OneTrip:
                     f"a statement sent with db_writes cannot be {pq.ExecStatus(status).name}"
                 )
 
+    def _flush(self, pgconn: pq.abc.PGconn) -> None:
+        """Send all that is queued, reading what the server sends meanwhile (so that neither
+        side waits for the other with a full buffer)."""
+        while pgconn.flush():
+            if self._wait(pgconn, _WRITE) & select.POLLIN:
+                pgconn.consume_input()
+
+    def _wait(self, pgconn: pq.abc.PGconn, events: int) -> int:
+        """Block (the GIL let go) until the connection's socket is ready for ``events``."""
+        if self._poller is None:  # one a connection: its socket stays the same
+            self._poller = select.poll()
+            self._poller.register(pgconn.socket, events)
+        elif events != self._events:
+            self._poller.modify(pgconn.socket, events)
+        self._events = events
+        while True:
+            ready = self._poller.poll()
+            if ready:
+                return ready[0][1]
+
 
 @dataclass(frozen=True)
 class _Prepare:
     key: tuple[bytes, tuple[int, ...]]
     name: bytes
-
-
-def _flush(pgconn: pq.abc.PGconn) -> None:
-    """Send all that is queued, reading what the server sends meanwhile (so that neither side
-    waits for the other with a full buffer)."""
-    while pgconn.flush():
-        if _wait(pgconn, _WRITE) & select.POLLIN:
-            pgconn.consume_input()
-
-
-def _wait(pgconn: pq.abc.PGconn, events: int) -> int:
-    """Block (the GIL let go) until the connection's socket is ready for ``events``."""
-    poller = select.poll()
-    poller.register(pgconn.socket, events)
-    while True:
-        ready = poller.poll()
-        if ready:
-            return ready[0][1]

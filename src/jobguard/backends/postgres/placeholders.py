@@ -48,14 +48,17 @@ class Converted:
                 )
             if params and self.names is not None:
                 raise TypeError("named placeholders require a mapping of parameters")
-            return list(params)
+            sequence: Sequence[Any] = params  # sent as it is, as psycopg sends it
+            return sequence
         if params and self.formats and self.names is None:
             raise TypeError("positional placeholders (%s) require a sequence of parameters")
-        names = self.names or ()
-        missing = sorted({name for name in names if name not in params})
-        if missing:
-            raise psycopg.ProgrammingError(f"query parameter missing: {', '.join(missing)}")
-        return [params[name] for name in names]
+        try:
+            return [params[name] for name in self.names or ()]
+        except KeyError:
+            missing = sorted({name for name in self.names or () if name not in params})
+            raise psycopg.ProgrammingError(
+                f"query parameter missing: {', '.join(missing)}"
+            ) from None
 
 
 def _is_sequence(params: Any) -> bool:

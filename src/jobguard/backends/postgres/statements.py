@@ -10,25 +10,25 @@ again at an execution.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.adapt import PyFormat
 
-from jobguard.backends.postgres.placeholders import convert
+from jobguard.backends.postgres.placeholders import Converted, convert
 
 
 @dataclass(frozen=True)
 class Statement:
     """A named statement: its psycopg ``text`` (for a connection that is not psycopg's own, an
-    asyncio caller's, bridged) and ``native``, the same with ``$n`` placeholders, one for each
-    of ``names`` (a name used twice takes the same number, as psycopg does)."""
+    asyncio caller's, bridged) and ``converted``, the same in PostgreSQL's form (``$n``
+    placeholders, one for each name; a name used twice takes the same number, as psycopg
+    does)."""
 
     text: str
-    native: bytes
-    names: tuple[str, ...]
+    converted: Converted
 
     @classmethod
     def of(cls, text: str) -> Statement:
@@ -41,15 +41,22 @@ class Statement:
             converted.names is None or set(converted.formats) != {PyFormat.AUTO}
         ):
             raise ValueError(f"only %(name)s placeholders are converted: {text[:80]!r}")
-        return cls(text, converted.native, converted.names or ())
+        return cls(text, converted)
 
-    def values(self, params: Mapping[str, Any]) -> list[Any]:
-        """``params`` in the order of the native placeholders."""
-        try:
-            return [params[name] for name in self.names]
-        except KeyError as exc:
-            # psycopg's own error for a missing parameter, so callers handle it alike.
-            raise psycopg.ProgrammingError(f"query parameter missing: {exc.args[0]}") from None
+    @property
+    def native(self) -> bytes:
+        """The text with ``$n`` placeholders."""
+        return self.converted.native
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The name each ``$n`` stands for, in order."""
+        return self.converted.names or ()
+
+    def values(self, params: Mapping[str, Any]) -> Sequence[Any]:
+        """``params`` in the order of the native placeholders (psycopg's error for one
+        missing)."""
+        return self.converted.values(params)
 
 
 def native_statements(texts: Mapping[str, str]) -> dict[str, Statement]:
