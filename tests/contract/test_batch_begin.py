@@ -130,6 +130,9 @@ def test_a_batch_begin_decides_as_beginning_one_by_one(
             if batched:
                 prepared = backend.fetch_prepared(["batch"], 10, "w", rules_for("tests.keyed"))
                 begun = {p.delivery.job_id: p.begun for p in prepared}
+                for b in begun.values():
+                    if b is not None and b.operation is not None:  # as stored, field by field
+                        assert b.operation == backend.get_operation(b.operation.key)
             else:
                 deliveries = fetch(backend, ["batch"], 10, "w")
                 asked = [(d, r) for d in deliveries if (r := request_for(d)) is not None]

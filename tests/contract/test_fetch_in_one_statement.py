@@ -102,12 +102,14 @@ def test_a_batch_of_new_jobs_is_leased_and_begun_by_one_statement(
         )
     assert both.begun is not None
     assert claim_only.begun is not None
-    for item, resource in ((both, "dock:1"), (claim_only, None)):
+    for item, resource, key in ((both, "dock:1", "op:1"), (claim_only, None, "op:3")):
         assert item.begun is not None
         operation = item.begun.operation
         assert operation is not None
         assert operation.status is OperationStatus.PROCESSING
         assert operation.resource_key == resource
+        # Known without reading it back: the record as the statement wrote it, field by field.
+        assert operation == store.get_operation(key)
     assert lock_only.begun is not None
     assert lock_only.begun.operation is None
     assert claim_only.begun.grant is None

@@ -346,8 +346,9 @@ RETURNING resource, fence;
 -- delivery whose lock was granted or that asks for none, then every attempt row written as
 -- insert_attempts writes it, with the lock it was granted (%(host)s: a host queue's delivery).
 -- Per item: the fence granted (NULL: the lock is busy, or none was asked for), its attempt
--- row's id, and the operation row if it was inserted here (op, as jsonb; an operation already
--- recorded is claimed, or found busy, one at a time afterwards).
+-- row's id, and whether its operation row was inserted here (claimed: the row is then the one
+-- the statement wrote, known to the caller; an operation already recorded is claimed, or found
+-- busy, one at a time afterwards).
 WITH item AS (
          SELECT * FROM ROWS FROM (jsonb_to_recordset(%(items)s::jsonb)
                                   AS (job_id bigint, resource text, owner text,
@@ -387,10 +388,21 @@ WITH item AS (
          WHERE j.id = ANY (ARRAY(SELECT job_id FROM item))
          ORDER BY item.n  -- attempt ids in the batch's order, as insert_attempts gives them
          RETURNING id, job_id)
-SELECT item.job_id, granted.fence, attempt.id AS attempt_id, to_jsonb(claimed) AS op
+SELECT item.job_id, granted.fence, attempt.id AS attempt_id, claimed.key IS NOT NULL AS claimed
 FROM item JOIN attempt ON attempt.job_id = item.job_id
      LEFT JOIN granted ON granted.resource = item.resource
      LEFT JOIN claimed ON claimed.key = item.key;
+
+-- part: fetched_columns
+-- The columns of a jobs row (j) that a fetch reads: what a delivery is made of (rows.delivery),
+-- and what the fetch's own transaction reads of a lease that expired (status, priority,
+-- worker_id). Not the rest: every column sent is formatted by the server and parsed by the
+-- worker, once a job fetched.
+j.id, j.task, j.queue, j.payload, j.status, j.priority, j.attempts, j.max_attempts, j.deferrals,
+j.created_at, j.lease_token, j.worker_id, j.available_at, j.visibility_timeout_s,
+j.operation_key, j.resource_key, j.lock_ttl_s, j.error_signature, j.same_error_count, j.headers,
+j.soft_time_limit_s, j.time_limit_s, j.cancel_requested_by, j.concurrency_key,
+j.concurrency_limit
 
 -- name: lease_and_begin
 -- A fetch's pick and lease of one queue in one statement, and with %(begin)s its begin too. The
@@ -459,7 +471,8 @@ WITH clock AS (
          FROM item
          WHERE j.id = item.id AND item.status = 'queued'
            AND (NOT %(begin)s::boolean OR (SELECT ok FROM fit))
-         RETURNING j.*, coalesce(item.lease_s, j.visibility_timeout_s) AS lease_s, item.due,
+         RETURNING {part:fetched_columns},
+                   coalesce(item.lease_s, j.visibility_timeout_s) AS lease_s, item.due,
                    item.resource AS wanted_resource, item.key AS wanted_key,
                    item.owner AS lock_owner, item.rule_lock_ttl_s),
      granted AS (
@@ -496,13 +509,13 @@ SELECT fit.picked AS fast_picked, fit.ok AS fast_fit, clock.now AS fast_now, tak
 FROM fit CROSS JOIN clock
      LEFT JOIN (
          SELECT l.*, true AS leased, granted.fence, attempt.id AS attempt_id,
-                to_jsonb(claimed) AS op
+                claimed.key IS NOT NULL AS claimed
          FROM leased AS l LEFT JOIN attempt ON attempt.job_id = l.id
               LEFT JOIN granted ON granted.resource = l.wanted_resource
               LEFT JOIN claimed ON claimed.key = l.wanted_key
          UNION ALL
-         SELECT j.*, NULL::float8, item.due, NULL::text, NULL::text, NULL::text, NULL::float8,
-                false, NULL::bigint, NULL::bigint, NULL::jsonb
+         SELECT {part:fetched_columns}, NULL::float8, item.due, NULL::text, NULL::text,
+                NULL::text, NULL::float8, false, NULL::bigint, NULL::bigint, NULL::boolean
          FROM {schema}.jobs AS j JOIN item ON item.id = j.id
          WHERE item.status = 'running' AND NOT %(begin)s::boolean) AS taken ON true
 ORDER BY taken.priority DESC, taken.due, taken.id;

@@ -160,9 +160,10 @@ def begun_in_row(
     row: Row, request: BeginRequest | None, now: float
 ) -> tuple[LockGrant | None, Begun | None]:
     """What one delivery's begin by ``begin_batch`` or ``lease_and_begin`` got, from its row
-    (``fence``: the lock granted, NULL if busy; ``op``: the operation row inserted, as JSON):
-    the lock it holds, and its :class:`Begun`; ``None`` if it asked for nothing, or for an
-    operation already recorded (claimed one at a time next, holding that lock)."""
+    (``fence``: the lock granted, NULL if busy; ``claimed``: whether its operation row was
+    inserted, as the statement inserts a claim at ``now``): the lock it holds, and its
+    :class:`Begun`; ``None`` if it asked for nothing, or for an operation already recorded
+    (claimed one at a time next, holding that lock)."""
     if request is None:
         return None, None
     grant = None
@@ -170,11 +171,13 @@ def begun_in_row(
         if row["fence"] is None:
             return None, Begun(busy=BusyReason.LOCK)
         grant = _lock_grant(request, row["fence"], now)
-    if request.operation_key is None:
+    key = request.operation_key
+    if key is None:
         return grant, Begun(grant=grant)
-    if row["op"] is None:
+    if not row["claimed"]:
         return grant, None
-    return grant, Begun(grant=grant, operation=rows.operation(row["op"], []))
+    operation = rows.new_claim(key, request.resource_key, row["fence"], now)
+    return grant, Begun(grant=grant, operation=operation)
 
 
 class Proofs:

@@ -176,6 +176,25 @@ def operation(row: Row, steps: Sequence[Row]) -> Operation:
     )
 
 
+def new_claim(key: str, resource_key: str | None, fence: int | None, now: float) -> Operation:
+    """The ``operations`` row a fetch's begin inserts for a new claim (``begin_batch``,
+    ``lease_and_begin``), as an :class:`Operation`: known without reading it back."""
+    return Operation(
+        key=key,
+        status=OperationStatus.PROCESSING,
+        resource_key=resource_key,
+        result=None,
+        external_ref=None,
+        attempts=1,
+        fence=fence,
+        created_at=now,
+        updated_at=now,
+        completed_at=None,
+        last_error=None,
+        steps={},
+    )
+
+
 def attempt(row: Row) -> Attempt:
     """An ``attempts`` row as an :class:`Attempt`."""
     return Attempt(
