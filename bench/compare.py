@@ -142,6 +142,19 @@ def say_postgres_bench(say: Tee, module: str, database_url: str) -> None:
     )
 
 
+def measured_on_scratch(
+    out: Path, module: str, what: str, measure: Callable[[str, Tee], None]
+) -> None:
+    """Run ``measure(database_url, say)`` on a throw-away database (again if PostgreSQL
+    restarted meanwhile), its lines printed and appended to ``out`` after the command line and
+    the machine's."""
+    with out.open("a") as sink, scratch_database() as database_url:
+        say = Tee(sink)
+        say_postgres_bench(say, module, database_url)
+        again(say, what, partial(measure, database_url, say))
+        say()
+
+
 def again(say: Tee, what: str, measure: Callable[[], T]) -> T:
     """Run one measurement; run it again if PostgreSQL restarted meanwhile.
 

@@ -21,14 +21,12 @@ import argparse
 import datetime as dt
 import secrets
 import time
-from functools import partial
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
-from bench.compare import RESULTS, Tee, again, say_postgres_bench
-from bench.pgdb import scratch_database
+from bench.compare import RESULTS, Tee, measured_on_scratch
 from jobguard.backends import migrate_store
 from jobguard.backends.postgres import PostgresBackend
 from jobguard.diagnostics.durations import percentile
@@ -112,11 +110,9 @@ def main() -> None:
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     out = args.out or RESULTS / f"fetch-depth-{dt.date.today().isoformat()}.txt"
-    with out.open("a") as sink, scratch_database() as database_url:
-        say = Tee(sink)
-        say_postgres_bench(say, "bench.fetch_depth", database_url)
-        again(say, "fetch depth", partial(measure, database_url, args, batches, say))
-        say()
+    measured_on_scratch(
+        out, "bench.fetch_depth", "fetch depth", lambda url, say: measure(url, args, batches, say)
+    )
 
 
 if __name__ == "__main__":

@@ -23,13 +23,11 @@ import argparse
 import datetime as dt
 import resource
 import time
-from functools import partial
 from pathlib import Path
 
 from bench import procs
-from bench.compare import RESULTS, Tee, again, say_postgres_bench
+from bench.compare import RESULTS, Tee, measured_on_scratch
 from bench.measure import load
-from bench.pgdb import scratch_database
 from bench.stores import BenchStore
 
 QUEUE = "full"
@@ -85,11 +83,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results file")
     args = parser.parse_args()
     out = args.out or RESULTS / f"fetch-history-{dt.date.today().isoformat()}.txt"
-    with out.open("a") as sink, scratch_database() as database_url:
-        say = Tee(sink)
-        say_postgres_bench(say, "bench.fetch_history", database_url)
-        again(say, "fetch history", partial(measure, database_url, args, say))
-        say()
+    measured_on_scratch(
+        out, "bench.fetch_history", "fetch history", lambda url, say: measure(url, args, say)
+    )
 
 
 if __name__ == "__main__":

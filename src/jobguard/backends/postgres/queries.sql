@@ -395,9 +395,9 @@ FROM item JOIN attempt ON attempt.job_id = item.job_id
 
 -- part: fetched_columns
 -- The columns of a jobs row (j) that a fetch reads: what a delivery is made of (rows.delivery),
--- and what the fetch's own transaction reads of a lease that expired (status, priority,
--- worker_id). Not the rest: every column sent is formatted by the server and parsed by the
--- worker, once a job fetched.
+-- and what lease_and_begin reads itself (priority: its order of rows; worker_id: the attempt
+-- row) or the fetch's transaction reads of a lease that expired (status). Not the rest: every
+-- column sent is formatted by the server and parsed by the worker, once a job fetched.
 j.id, j.task, j.queue, j.payload, j.status, j.priority, j.attempts, j.max_attempts, j.deferrals,
 j.created_at, j.lease_token, j.worker_id, j.available_at, j.visibility_timeout_s,
 j.operation_key, j.resource_key, j.lock_ttl_s, j.error_signature, j.same_error_count, j.headers,
