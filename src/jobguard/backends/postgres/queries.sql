@@ -376,7 +376,7 @@ WITH item AS (
            AND item.key IS NOT NULL AND (item.resource IS NULL OR granted.resource IS NOT NULL)
          ORDER BY item.key COLLATE "C"
          ON CONFLICT (key) DO NOTHING
-         RETURNING *),
+         RETURNING key),  -- whether each was inserted: its row is known
      attempt AS (
          INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, worker_id,
                                         lease_token, lock_owner, fence, started_at,
@@ -495,7 +495,7 @@ WITH clock AS (
            AND l.wanted_key IS NOT NULL
            AND (l.wanted_resource IS NULL OR granted.resource IS NOT NULL)
          ORDER BY l.wanted_key COLLATE "C"
-         RETURNING *),
+         RETURNING key),  -- whether each was inserted: its row is known
      attempt AS (
          INSERT INTO {schema}.attempts (job_id, attempt, task, queue, operation_key, worker_id,
                                         lease_token, lock_owner, fence, started_at)
