@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from bench import procs
 from bench.compare import RESULTS, Tee, measured_on_scratch
@@ -94,7 +95,7 @@ a AS (UPDATE floor.attempts SET finished_at = now(), outcome = 'ok' FROM u
       WHERE attempts.id = u.att)
 UPDATE floor.jobs SET state = 'done', finished_at = now(), lease_owner = NULL,
   lease_until = NULL FROM u WHERE jobs.id = u.job"""
-FLOOR_RESULT = psycopg.types.json.Jsonb({"charged": 1})
+FLOOR_RESULT = Jsonb({"charged": 1})
 ROWS = ("fetch", "settle")
 
 

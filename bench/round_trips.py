@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from bench.pgdb import scratch_database
 from bench.procs import cpu_seconds
 from bench.stores import BenchStore
 from jobguard.backends.postgres.driver import render_queries
+from jobguard.backends.postgres.onetrip import OneTrip
 from jobguard.backends.postgres.statements import native_statements
 from jobguard.worker import Worker
 
@@ -58,6 +60,12 @@ def statement_names(schema: str) -> dict[str | bytes, str]:
     return names
 
 
+def statement_name(names: dict[str | bytes, str], text: str | bytes) -> str:
+    """jobguard's name of a statement, or its first word (``INSERT``, ``BEGIN``)."""
+    first = text.split()[0]
+    return names.get(text, (first.decode() if isinstance(first, bytes) else first).upper())
+
+
 @contextmanager
 def counting(names: dict[str | bytes, str]) -> Iterator[tuple[Counter[str], Counter[str]]]:
     """Count every statement psycopg runs in this process, by jobguard's name where known, and
@@ -67,15 +75,12 @@ def counting(names: dict[str | bytes, str]) -> Iterator[tuple[Counter[str], Coun
     execute = psycopg.Cursor.execute
     enter, leave = psycopg.Transaction.__enter__, psycopg.Transaction.__exit__
     fetch_gen = _pipeline_base.BasePipeline._fetch_gen
+    run = OneTrip.run
 
     def counted_execute(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        if isinstance(query, bytes):
-            text: str | bytes = query
-            first = query.split()[0].decode()
-        else:
-            text = query if isinstance(query, str) else query.as_string(self.connection)
-            first = text.split()[0]
-        name = names.get(text, first.upper())
+        if not isinstance(query, str | bytes):
+            query = query.as_string(self.connection)
+        name = statement_name(names, query)
         counts[name] += 1
         if self.connection._pipeline is None:
             waits[name] += 1
@@ -105,18 +110,34 @@ def counting(names: dict[str | bytes, str]) -> Iterator[tuple[Counter[str], Coun
             waits["(pipeline: sync or fetch)"] += 1
         return fetch_gen(self, flush=flush)
 
-    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+    def counted_run(self: OneTrip, calls: Any) -> None:
+        # db_writes' transaction: its statements sent through libpq, not a cursor, together.
+        counts.update(map(partial(statement_name, names), [call.native for call in calls]))
+        waits["(one trip: db_writes)"] += 1
+        run(self, calls)
+
     # A transaction counted where it begins and ends, however it was opened.
-    psycopg.Transaction.__enter__ = counted_enter  # type: ignore[method-assign]
-    psycopg.Transaction.__exit__ = counted_leave  # type: ignore[method-assign]
-    _pipeline_base.BasePipeline._fetch_gen = counted_fetch_gen  # type: ignore[method-assign]
-    try:
+    with replaced([
+        (psycopg.Cursor, "execute", counted_execute),
+        (psycopg.Transaction, "__enter__", counted_enter),
+        (psycopg.Transaction, "__exit__", counted_leave),
+        (_pipeline_base.BasePipeline, "_fetch_gen", counted_fetch_gen),
+        (OneTrip, "run", counted_run),
+    ]):  # fmt: skip
         yield counts, waits
+
+
+@contextmanager
+def replaced(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Each (class, attribute, value) set for the block, the attributes as they were after it."""
+    originals = [(owner, attribute, getattr(owner, attribute)) for owner, attribute, _ in patches]
+    for owner, attribute, value in patches:
+        setattr(owner, attribute, value)
+    try:
+        yield
     finally:
-        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
-        psycopg.Transaction.__enter__ = enter  # type: ignore[method-assign]
-        psycopg.Transaction.__exit__ = leave  # type: ignore[method-assign]
-        _pipeline_base.BasePipeline._fetch_gen = fetch_gen  # type: ignore[method-assign]
+        for owner, attribute, original in originals:
+            setattr(owner, attribute, original)
 
 
 _TABLE_COUNTS = {

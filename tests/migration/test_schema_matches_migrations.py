@@ -76,7 +76,12 @@ def postgres_catalog(conn: psycopg.Connection[Any], schema: str) -> dict[str, An
     ).fetchall()
     tables = [(name.split(".")[-1], definition) for name, definition in checks]
     ours = [row for row in tables if row[0] != "jobguard_schema"]
-    return {"columns": columns, "indexes": indexes, "constraints": sorted(ours)}
+    storage = conn.execute(
+        "SELECT relname, reloptions FROM pg_class WHERE relnamespace = %s::regnamespace"
+        " AND relkind = 'r' AND relname != 'jobguard_schema' ORDER BY relname",
+        (schema,),
+    ).fetchall()
+    return {"columns": columns, "indexes": indexes, "constraints": sorted(ours), "storage": storage}
 
 
 def test_postgres_migrations_replayed_equal_schema_sql() -> None:
