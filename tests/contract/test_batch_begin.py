@@ -139,7 +139,9 @@ def test_a_batch_begin_decides_as_beginning_one_by_one(
                 begun = {d.job_id: None for d in deliveries}
                 for delivery, request in sorted(asked, key=lambda pair: _lock_order(pair[1])):
                     guard = Guard(delivery.job_id, delivery.lease_token, delivery.attempt_id)
-                    begun[delivery.job_id] = backend.begin(guard, request)
+                    one = begun[delivery.job_id] = backend.begin(guard, request)
+                    if one.operation is not None:  # as stored, field by field
+                        assert one.operation == backend.get_operation(one.operation.key)
             results.append(_summary(backend, begun))
         finally:
             backend.close()

@@ -579,7 +579,7 @@ WHERE a.id = item.attempt_id
 
 -- name: insert_operations
 -- insert_operation for many distinct keys (%(items)s: key, resource_key, owner_lease, fence), in
--- key order (byte order, as grant_locks); returns the rows it inserted (keys already recorded
+-- key order (byte order, as grant_locks); returns the keys it inserted (keys already recorded
 -- are left alone).
 INSERT INTO {schema}.operations (key, status, resource_key, owner_lease, attempts, fence,
                                  created_at, updated_at)
@@ -588,7 +588,7 @@ FROM jsonb_to_recordset(%(items)s::jsonb)
      AS item(key text, resource_key text, owner_lease text, fence bigint)
 ORDER BY item.key COLLATE "C"
 ON CONFLICT (key) DO NOTHING
-RETURNING *;
+RETURNING key;
 
 -- name: renew_locks
 -- The locks still owned extended (%(items)s: resource, owner, ttl_s) from the store clock, as

@@ -229,7 +229,7 @@ class Proofs:
             for index, request in wanted.items()
             if begun[index] is None and request.operation_key is not None
         }
-        inserted: dict[str, Row] = {}
+        inserted: set[str] = set()
         if claiming:
             items = [
                 {
@@ -241,7 +241,7 @@ class Proofs:
                 for key, index in claiming.items()
             ]
             found = tx.all("insert_operations", {"items": items, "now": now})
-            inserted = {row["key"]: row for row in found}
+            inserted = {row["key"] for row in found}
         for index, request in wanted.items():
             key, guard = request.operation_key, guards[index]
             if begun[index] is not None:
@@ -249,7 +249,7 @@ class Proofs:
             if key is None:
                 begun[index] = Begun(grant=guard.lock, slot=guard.slot)
             elif key in inserted:
-                operation = rows.operation(inserted[key], [])
+                operation = rows.new_claim(key, request.resource_key, fence_of(guard), now)
                 begun[index] = Begun(grant=guard.lock, operation=operation, slot=guard.slot)
             else:  # recorded already: claimed, or busy with a live delivery's claim
                 begun[index] = self._claim_or_busy(tx, guard, request, now, marked=False)
@@ -402,11 +402,10 @@ class Proofs:
             "owner_lease": guard.lease_token,
             "fence": fence,
         }
-        # Most operations are new: insert first (returning the row as written, no second read
-        # of it); a key already recorded is read and locked instead.
-        row = tx.one("insert_operations", {"items": [item], "now": now})
-        if row is not None:
-            return rows.operation(row, [])
+        # Most operations are new: insert first (its record is the one written, known without
+        # reading it); a key already recorded is read and locked instead.
+        if tx.one("insert_operations", {"items": [item], "now": now}) is not None:
+            return rows.new_claim(key, resource_key, fence, now)
         row = tx.one("operation_row_for_update", {"key": key})
         assert row is not None  # it exists: the insert found it (or waited for its commit)
         if row["status"] != OperationStatus.COMPLETED:

@@ -177,8 +177,9 @@ def operation(row: Row, steps: Sequence[Row]) -> Operation:
 
 
 def new_claim(key: str, resource_key: str | None, fence: int | None, now: float) -> Operation:
-    """The ``operations`` row a fetch's begin inserts for a new claim (``begin_batch``,
-    ``lease_and_begin``), as an :class:`Operation`: known without reading it back."""
+    """The ``operations`` row a begin inserts for a new claim (``insert_operations``, and on
+    PostgreSQL ``begin_batch`` and ``lease_and_begin``), as an :class:`Operation`: known without
+    reading it back."""
     return Operation(
         key=key,
         status=OperationStatus.PROCESSING,

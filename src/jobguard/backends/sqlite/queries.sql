@@ -362,14 +362,14 @@ WHERE attempts.id = item.attempt_id;
 
 -- name: insert_operations
 -- insert_operation for many distinct keys (:items: key, resource_key, owner_lease, fence);
--- returns the rows it inserted (keys already recorded are left alone).
+-- returns the keys it inserted (keys already recorded are left alone).
 INSERT INTO operations (key, status, resource_key, owner_lease, attempts, fence, created_at,
                         updated_at)
 SELECT json_extract(value, '$.key'), 'processing', json_extract(value, '$.resource_key'),
        json_extract(value, '$.owner_lease'), 1, json_extract(value, '$.fence'), :now, :now
 FROM json_each(:items) WHERE true
 ON CONFLICT (key) DO NOTHING
-RETURNING *;
+RETURNING key;
 
 -- name: renew_locks
 -- The locks still owned extended (:items: resource, owner, ttl_s) from the store clock.
