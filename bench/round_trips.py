@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import psycopg
 from psycopg import _pipeline_base, sql
@@ -117,27 +118,13 @@ def counting(names: dict[str | bytes, str]) -> Iterator[tuple[Counter[str], Coun
         run(self, calls)
 
     # A transaction counted where it begins and ends, however it was opened.
-    with replaced([
-        (psycopg.Cursor, "execute", counted_execute),
-        (psycopg.Transaction, "__enter__", counted_enter),
-        (psycopg.Transaction, "__exit__", counted_leave),
-        (_pipeline_base.BasePipeline, "_fetch_gen", counted_fetch_gen),
-        (OneTrip, "run", counted_run),
-    ]):  # fmt: skip
+    with (
+        patch.object(psycopg.Cursor, "execute", counted_execute),
+        patch.multiple(psycopg.Transaction, __enter__=counted_enter, __exit__=counted_leave),
+        patch.object(_pipeline_base.BasePipeline, "_fetch_gen", counted_fetch_gen),
+        patch.object(OneTrip, "run", counted_run),
+    ):
         yield counts, waits
-
-
-@contextmanager
-def replaced(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Each (class, attribute, value) set for the block, the attributes as they were after it."""
-    originals = [(owner, attribute, getattr(owner, attribute)) for owner, attribute, _ in patches]
-    for owner, attribute, value in patches:
-        setattr(owner, attribute, value)
-    try:
-        yield
-    finally:
-        for owner, attribute, original in originals:
-            setattr(owner, attribute, original)
 
 
 _TABLE_COUNTS = {
