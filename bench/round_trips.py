@@ -111,11 +111,12 @@ def counting(names: dict[str | bytes, str]) -> Iterator[tuple[Counter[str], Coun
             waits["(pipeline: sync or fetch)"] += 1
         return fetch_gen(self, flush=flush)
 
-    def counted_run(self: OneTrip, calls: Any) -> None:
-        # db_writes' transaction: its statements sent through libpq, not a cursor, together.
+    def counted_run(self: OneTrip, calls: Any) -> Any:
+        # Statements sent through libpq, not a cursor, together: db_writes' transaction, and
+        # the first and the last statements of a transaction of the driver's write.
         counts.update(map(partial(statement_name, names), [call.native for call in calls]))
-        waits["(one trip: db_writes)"] += 1
-        run(self, calls)
+        waits["(one trip)"] += 1
+        return run(self, calls)
 
     # A transaction counted where it begins and ends, however it was opened.
     with (

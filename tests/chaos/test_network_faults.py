@@ -272,8 +272,8 @@ def test_db_writes_send_the_whole_step_transaction_in_one_round_trip(
 ) -> None:
     """``db_writes`` sends the step record with the guard's proofs and then the statements at
     once, in the pipeline's one transaction: the server answers once (a ``db_step`` of the same
-    one statement waits for it five times: BEGIN, the proofs, the statement, the step record,
-    COMMIT)."""
+    one statement waits for it three times: BEGIN with the proofs, the statement, the step
+    record with COMMIT)."""
     wrote = stores.table(pg_url, "wrote")
     stores.execute(pg_url, [f"CREATE TABLE {wrote} (n INTEGER PRIMARY KEY)"])
     insert = f"INSERT INTO {wrote} (n) VALUES (%s)"
@@ -292,7 +292,7 @@ def test_db_writes_send_the_whole_step_transaction_in_one_round_trip(
             guard, "rt:1", "second", lambda conn: conn.execute(insert, (3,)) and 0, ()
         )
         assert step == (True, 0)
-        assert proxy.server_readies == 5
+        assert proxy.server_readies == 3
     finally:
         worker_app.close()
     assert stores.query(pg_url, f"SELECT n FROM {wrote} ORDER BY n") == [(1,), (2,), (3,)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -21,9 +22,11 @@ from jobguard.backends.postgres.onetrip import (
     MOST_PREPARED,
     Call,
     OneTrip,
+    Replied,
     UnsendableValue,
     caller_call,
 )
+from jobguard.backends.postgres.pooled import PooledConnection
 from tests.support import pg
 
 
@@ -142,6 +145,47 @@ def test_a_callers_statement_is_prepared_when_psycopg_would_and_jobguards_own_at
         trip.run([caller_call(conn, "UPDATE notes SET note = %s WHERE id = %s", ("x", row_id))])
     assert prepared(conn) == 2
     assert len(notes(conn)) == 7
+
+
+def test_each_statement_gives_its_result_read_as_a_cursor_of_dict_rows(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """What a transaction's first statement, sent with its BEGIN, is read as."""
+    select = caller_call(conn, "SELECT id, note, %s::jsonb AS doc FROM notes ORDER BY id", ("[1]",))
+    empty = caller_call(conn, "SELECT 1 AS one WHERE false", None)
+    began, inserted, read, none = (
+        Replied(conn, result)
+        for result in OneTrip(conn).run(
+            [Call(b"BEGIN"), insert(conn, 1), select, empty, Call(b"COMMIT")]
+        )[:4]
+    )
+    assert (began.fetchall(), inserted.rowcount) == ([], 1)
+    assert read.fetchall() == [{"id": 1, "note": "n", "doc": [1]}]
+    assert read.fetchone() == {"id": 1, "note": "n", "doc": [1]}
+    assert (none.fetchone(), none.rowcount) == (None, 0)
+    with pytest.raises(errors.UniqueViolation):
+        OneTrip(conn).run([insert(conn, 2), insert(conn, 1)])
+    assert notes(conn) == [(1, "n")]
+
+
+def test_a_pooled_connection_prepares_its_statements_again_after_psycopg_deallocates_all(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """psycopg sends DEALLOCATE ALL when a transaction of a connection on which it prepared
+    statements rolls back: OneTrip's prepared statements on it are gone too."""
+    with PooledConnection.connect(pg.session_database(), autocommit=True) as pooled:
+        path = conn.execute("SHOW search_path").fetchone()[0]  # type: ignore[index]
+        pooled.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(path)))
+        own = Call(b"INSERT INTO notes VALUES ($1, 'own')", [1], [PyFormat.AUTO], prepare=True)
+        pooled.one_trip().run([own])
+        pooled.execute("SELECT 1", prepare=True)  # one of psycopg's own
+        assert prepared(pooled) == 1
+        with pytest.raises(errors.DivisionByZero), pooled.transaction():
+            pooled.execute("SELECT 1 / 0")
+        assert prepared(pooled) == 0
+        pooled.one_trip().run([replace(own, values=[2])])
+        assert prepared(pooled) == 1
+    assert notes(conn) == [(1, "own"), (2, "own")]
 
 
 def test_values_that_cannot_be_sent_send_nothing(conn: psycopg.Connection[Any]) -> None:

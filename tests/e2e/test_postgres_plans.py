@@ -38,7 +38,7 @@ JOBS = 12
 # with an operation recorded already, in several), step, settle.
 PATH = frozenset({
     "lease_and_begin", "begin_batch",
-    "guard_state", "insert_step", "settle_set",
+    "guard_state", "insert_step_or_fail", "settle_set",
 })  # fmt: skip
 HISTORY_TABLES = ("jobs", "attempts", "operations", "locks", "slots", "steps")
 SCAN = re.compile(r"Seq Scan on (\w+)")
@@ -117,16 +117,24 @@ def record_plans(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     """Each statement of :data:`PATH` is explained, with the parameters it is run with, just
     before it runs; the plans by statement name."""
     plans: dict[str, list[str]] = {}
-    execute = PostgresTx._execute
+    execute, with_commit = PostgresTx._execute, PostgresTx.run_with_commit
 
-    def explained(tx: PostgresTx, name: str, params: Mapping[str, Any]) -> Any:
+    def explain(tx: PostgresTx, name: str, params: Mapping[str, Any]) -> None:
         if name in PATH:
             text = f"EXPLAIN {tx._statements[name].text}"
             rows = tx.connection.execute(text, bound(params)).fetchall()
             plans.setdefault(name, []).append("\n".join(row[0] for row in rows))
+
+    def explained(tx: PostgresTx, name: str, params: Mapping[str, Any]) -> Any:
+        explain(tx, name, params)
         return execute(tx, name, params)
 
+    def explained_with_commit(tx: PostgresTx, name: str, params: Mapping[str, Any]) -> None:
+        explain(tx, name, {"now": None, **params})
+        with_commit(tx, name, params)
+
     monkeypatch.setattr(PostgresTx, "_execute", explained)
+    monkeypatch.setattr(PostgresTx, "run_with_commit", explained_with_commit)
     return plans
 
 

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.kept import KeptConnections
-from jobguard.backends.postgres.onetrip import Call, UnsendableValue, caller_call
+from jobguard.backends.postgres.onetrip import Call, OneTrip, Replied, UnsendableValue, caller_call
 from jobguard.backends.postgres.pooled import PooledConnection
 from jobguard.backends.postgres.statements import Statement, native_statements
 from jobguard.backends.postgres.url import parse_postgres_url
@@ -152,12 +152,27 @@ def bound(params: Mapping[str, Any]) -> Mapping[str, Any]:
     return {name: Jsonb(value) if name in RECORD_LISTS else value for name, value in params.items()}
 
 
+def named_call(statement: Statement, values: Sequence[Any]) -> Call:
+    """One of jobguard's statements as a :class:`Call`, prepared at once (see
+    PooledConnection)."""
+    return Call(statement.native, values, (PyFormat.AUTO,) * len(values), prepare=True)
+
+
+_BEGIN = Call(b"BEGIN")
+_COMMIT = Call(b"COMMIT")
+
+
 class PostgresTx(NamedStatements):
     """Named statements on one connection inside a transaction.
 
     With ``prepare_at_once`` (a connection of jobguard's pool in autocommit, each statement
     committed on its own) the statements are prepared at their first run; see
     :class:`~jobguard.backends.postgres.pooled.PooledConnection`.
+
+    A transaction of :meth:`PostgresDriver.write` (``owned``) is begun and ended here, each
+    end in one round trip with a statement: BEGIN goes with the first statement, COMMIT with
+    those of :meth:`run_with_commit` (see :mod:`~jobguard.backends.postgres.onetrip`), so that
+    a step's transaction costs two round trips beside the step's own statements, not four.
     """
 
     def __init__(
@@ -168,24 +183,75 @@ class PostgresTx(NamedStatements):
         server_clock: ServerClock,
         *,
         prepare_at_once: bool = False,
+        owned: bool = False,
     ) -> None:
         self._conn = conn
         self._statements = statements
         self._clock = clock
         self._server_clock = server_clock
         self._prepare_at_once = prepare_at_once
+        self._owned = owned
+        self._unbegun = owned  # BEGIN not sent yet
+        self._with_commit: list[Call] = []
+        self._sender: OneTrip | None = None
 
     @property
     def connection(self) -> psycopg.Connection[Any] | LoopBridge:
         """The psycopg connection of this transaction (bridged, for an asyncio caller's)."""
+        if self._unbegun:  # what is run on it runs inside the transaction
+            self._send([_BEGIN])
         return self._conn
 
-    def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
+    def _send(self, calls: list[Call]) -> list[Replied]:
+        """``calls`` in one round trip, BEGIN first if it was not sent yet; their results."""
+        conn = self._conn
+        assert isinstance(conn, psycopg.Connection)
+        begin = [_BEGIN] if self._unbegun and calls[0] is not _BEGIN else []
+        self._unbegun = False
+        if self._sender is None:  # one a connection: it knows what it prepared there
+            self._sender = conn.one_trip() if isinstance(conn, PooledConnection) else OneTrip(conn)
+        try:
+            results = self._sender.run([*begin, *calls])
+        except UnsendableValue as exc:  # as psycopg's cursor says it
+            raise psycopg.ProgrammingError(str(exc)) from exc
+        return [Replied(conn, result) for result in results[len(begin) :]]
+
+    def run_with_commit(self, name: str, params: Mapping[str, Any]) -> None:
+        """A named statement sent with this transaction's COMMIT, in one round trip (see the
+        driver seam)."""
+        assert self._owned, "only a transaction of PostgresDriver.write commits here"
+        values = self._statements[name].values(bound({"now": self.statement_now(), **params}))
+        self._with_commit.append(named_call(self._statements[name], values))
+
+    def commit(self) -> None:
+        """Send :meth:`run_with_commit`'s statements and COMMIT, in one round trip (nothing if
+        nothing was run). A failing statement of them fails the write with
+        :class:`StatementRefused`, and nothing commits."""
+        if self._unbegun and not self._with_commit:
+            return
+        try:
+            self._send([*self._with_commit, _COMMIT])
+        except psycopg.Error as exc:
+            if exc.sqlstate is None or is_outage(exc) or not self._with_commit:
+                raise
+            raise StatementRefused(f"PostgreSQL refused a statement: {exc}") from exc
+
+    def roll_back(self) -> None:
+        """End the transaction without committing (nothing if nothing was sent)."""
+        conn = self._conn
+        assert isinstance(conn, psycopg.Connection)
+        if not self._unbegun and not conn.closed:
+            with suppress(psycopg.Error):  # a broken connection is closed by its pool
+                conn.rollback()
+
+    def _execute(self, name: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any] | Replied:
         statement, conn = self._statements[name], self._conn
         if not isinstance(conn, psycopg.Connection):  # an asyncio caller's, bridged
             bridged: psycopg.Cursor[Any] = conn.cursor().execute(statement.text, bound(params))
             return bridged
         values = statement.values(bound(params))
+        if self._unbegun:
+            return self._send([named_call(statement, values)])[0]
         if not isinstance(conn, PooledConnection):  # a caller's own, or one of a retry
             return psycopg.RawCursor(conn, row_factory=dict_row).execute(statement.native, values)
         cursor = conn.named_cursor()
@@ -199,7 +265,7 @@ class PostgresTx(NamedStatements):
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A nested unit (a savepoint) rolled back alone if the block raises."""
-        with self._conn.transaction():
+        with self.connection.transaction():
             yield
 
     def now(self) -> float:
@@ -536,7 +602,11 @@ class PostgresDriver:
         return self._pool
 
     def _tx(
-        self, conn: psycopg.Connection[Any] | LoopBridge, *, prepare_at_once: bool = False
+        self,
+        conn: psycopg.Connection[Any] | LoopBridge,
+        *,
+        prepare_at_once: bool = False,
+        owned: bool = False,
     ) -> PostgresTx:
         return PostgresTx(
             conn,
@@ -544,6 +614,7 @@ class PostgresDriver:
             self._clock,
             self._server_clock,
             prepare_at_once=prepare_at_once,
+            owned=owned,
         )
 
     def write(self, fn: Callable[[PostgresTx], T]) -> T:
@@ -554,9 +625,15 @@ class PostgresDriver:
         for attempt in range(_RETRIES):
             committing = False
             try:
-                with self._writing(fresh=fresh) as conn, conn.transaction():
-                    result = fn(self._tx(conn))
-                    committing = True  # from here an error may come after the commit landed
+                with self._writing(fresh=fresh) as conn:
+                    tx = self._tx(conn, owned=True)
+                    try:
+                        result = fn(tx)
+                        committing = True  # from here an error may come after the commit landed
+                        tx.commit()
+                    except BaseException:
+                        tx.roll_back()
+                        raise
                 return result
             except UserCodeError as exc:
                 raise exc.original from exc.original.__cause__
@@ -638,11 +715,9 @@ class PostgresDriver:
         self._write_on_its_own("a statement", send, ours=False)
 
     def _named_call(self, named: NamedCall) -> Call:
-        """jobguard's named statement as a :class:`Call`, prepared at once (see
-        PooledConnection)."""
+        """jobguard's named statement as a :class:`Call`."""
         own = self._statements[named[0]]
-        values = own.values({"now": _injected_now(self._clock), **named[1]})
-        return Call(own.native, values, (PyFormat.AUTO,) * len(values), prepare=True)
+        return named_call(own, own.values({"now": _injected_now(self._clock), **named[1]}))
 
     @staticmethod
     def _send_together(conn: PooledConnection, calls: list[Call]) -> None:

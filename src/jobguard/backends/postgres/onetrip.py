@@ -78,6 +78,34 @@ def caller_call(conn: psycopg.Connection[Any], query: Any, params: Any) -> Call:
         raise UnsendableValue(str(exc)) from exc
 
 
+class Replied:
+    """A statement's result read by :class:`OneTrip`, read as a psycopg cursor of dict rows is
+    (``fetchone``, ``fetchall``, ``rowcount``)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], result: pq.abc.PGresult | None) -> None:
+        self._rows: list[dict[str, Any]] = []
+        self.rowcount = -1
+        if result is None:
+            return
+        self.rowcount = result.command_tuples if result.command_tuples is not None else -1
+        if result.nfields:
+            encoding = conn.info.encoding
+            names = [(result.fname(i) or b"").decode(encoding) for i in range(result.nfields)]
+            loader = Transformer(conn)
+            loader.set_pgresult(result)
+            self._rows = loader.load_rows(
+                0, result.ntuples, lambda row: dict(zip(names, row, strict=True))
+            )
+
+    def fetchone(self) -> dict[str, Any] | None:
+        """The first row, or ``None``."""
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[dict[str, Any]]:
+        """Every row."""
+        return self._rows
+
+
 @dataclass(frozen=True)
 class _Dumped:
     call: Call
@@ -97,8 +125,8 @@ class OneTrip:
         self._poller: select.poll | None = None
         self._events = 0
 
-    def run(self, calls: Sequence[Call]) -> None:
-        """Send ``calls`` and read every reply, in one round trip.
+    def run(self, calls: Sequence[Call]) -> list[pq.abc.PGresult | None]:
+        """Send ``calls`` and read every reply, in one round trip; each call's result.
 
         Raises the server's first error as psycopg does (its class by SQLSTATE); the server ran
         nothing after it, up to the Sync. A failure of the connection raises psycopg's
@@ -117,13 +145,18 @@ class OneTrip:
                 replies = self._send(pgconn, dumped)
                 pgconn.pipeline_sync()
                 self._flush(pgconn)
-                error = self._read(pgconn, replies)
+                error, results = self._read(pgconn, replies)
                 pgconn.exit_pipeline_mode()
             except BaseException:
                 pgconn.finish()  # psycopg then reads the connection as closed
                 raise
         if error is not None:
             raise error
+        return results
+
+    def forget_prepared(self) -> None:
+        """Every statement this connection had prepared is gone (``DEALLOCATE ALL``)."""
+        self._prepared.clear()
 
     def _dump(self, call: Call) -> _Dumped:
         if call.values is None:
@@ -167,10 +200,14 @@ class OneTrip:
         uses = self._uses[key] = self._uses.get(key, 0) + 1
         return uses > threshold  # psycopg's count: the uses before this one
 
-    def _read(self, pgconn: pq.abc.PGconn, replies: list[_Prepare | None]) -> psycopg.Error | None:
-        """Every reply up to the Sync's; the first error, if any. A prepare is noted once its
-        reply says it was made (one skipped after an error was not)."""
+    def _read(
+        self, pgconn: pq.abc.PGconn, replies: list[_Prepare | None]
+    ) -> tuple[psycopg.Error | None, list[pq.abc.PGresult | None]]:
+        """Every reply up to the Sync's: the first error, if any, and each statement's result
+        (``None`` where it failed or was skipped). A prepare is noted once its reply says it
+        was made (one skipped after an error was not)."""
         error: psycopg.Error | None = None
+        results: list[pq.abc.PGresult | None] = []
         encoding = self._conn.info.encoding
         waiting = iter(replies)
         answering = next(waiting, None)
@@ -184,7 +221,9 @@ class OneTrip:
                 continue
             status = result.status
             if status == pq.ExecStatus.PIPELINE_SYNC:
-                return error
+                return error, results
+            if answering is None:  # a statement's reply, not a prepare's
+                results.append(result if status in _OK else None)
             if status == pq.ExecStatus.FATAL_ERROR:
                 error = error or error_from_result(result, encoding)
             elif status in _OK:

@@ -49,6 +49,14 @@ class PooledConnection(psycopg.Connection[Any]):
             self._one_trip = OneTrip(self)
         return self._one_trip
 
+    def _deallocate(self, name: bytes | None) -> Any:
+        # psycopg deallocates every prepared statement of the connection (its own and
+        # OneTrip's) when one of its transactions rolls back, or a statement dropped or altered
+        # something, if it had prepared any itself: OneTrip then prepares its own again.
+        if name is None and self._one_trip is not None:
+            self._one_trip.forget_prepared()
+        return super()._deallocate(name)
+
     def first_run(self, name: str) -> bool:
         """Whether this is ``name``'s first run here (noted as run from now on)."""
         if name in self._ran:

@@ -44,6 +44,14 @@ class Tx(Protocol):
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested unit: rolled back alone if the block raises (the error goes on)."""
 
+    def run_with_commit(self, name: str, params: Params) -> None:
+        """Run a named statement that proves as the last of a transaction of
+        :meth:`Driver.write` (nothing is run on it after this); on PostgreSQL it is sent with
+        the COMMIT, in one round trip. It proves as
+        :meth:`Driver.write_together`'s ``first`` does (``params`` get ``now``); when it does
+        not, or fails, nothing of the transaction commits and the write raises
+        :class:`StatementRefused`, caused by the database's error if there was one."""
+
     def now(self) -> float:
         """The store clock, in seconds since the epoch, as this transaction sees it."""
 

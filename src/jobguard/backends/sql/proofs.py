@@ -71,6 +71,20 @@ def verify(tx: Tx, guard: Guard, claim_key: str | None, step: str | None = None)
     return state
 
 
+def step_record(guard: Guard, key: str, name: str, result_json: str) -> dict[str, Any]:
+    """The parameters of a step's record and of the proofs it is written under."""
+    return {
+        "key": key,
+        "name": name,
+        "result": result_json,
+        "fence": fence_of(guard),
+        "job_id": guard.job_id,
+        "lease_token": guard.lease_token,
+        "resource": guard.lock.resource if guard.lock else None,
+        **slot_proof(guard),
+    }
+
+
 def release_locks(tx: Tx, guards: Sequence[Guard]) -> int:
     """Free the locks and the slots these guards hold, where each owner still holds them (lock
     rows first, then slot rows: the order a begin takes them in)."""
@@ -471,17 +485,7 @@ class Proofs:
     def _insert_step(
         self, tx: Tx, guard: Guard, key: str, name: str, result_json: str, now: float
     ) -> None:
-        params = {
-            "key": key,
-            "name": name,
-            "result": result_json,
-            "fence": fence_of(guard),
-            "now": now,
-            "job_id": guard.job_id,
-            "lease_token": guard.lease_token,
-            "resource": guard.lock.resource if guard.lock else None,
-            **slot_proof(guard),
-        }
+        params = {**step_record(guard, key, name, result_json), "now": now}
         if tx.run("insert_step", params) == 0:
             # A proof failed after the check before the step's work: a lock or slot granted
             # anew (this holder's TTL ran out) while the step ran. Name it; the caller's
@@ -523,10 +527,26 @@ class Proofs:
                 # The user's own error: nothing of the step commits, and it reaches the handler
                 # as raised (SQL errors of its statements already wrapped as StepSQLError).
                 raise UserCodeError(exc) from exc
-            self._insert_step(tx, guard, key, name, result_json, tx.now())
+            # The record proves again as the transaction commits (on PostgreSQL sent with the
+            # COMMIT): a lock or slot granted anew while the step ran refuses it.
+            tx.run_with_commit("insert_step_or_fail", step_record(guard, key, name, result_json))
             return True, value
 
-        return self.driver.write(op)
+        try:
+            return self.driver.write(op)
+        except StatementRefused:
+            stored = self._recorded_or_stale(guard, key, name)
+            if stored is None:  # not the guard (a proof that fails stays failed): the store's own
+                raise
+            return False, json.loads(stored)
+
+    def _recorded_or_stale(self, guard: Guard, key: str, name: str) -> str | None:
+        """After a step's record was refused: raise why, if the guard went stale (a lost lease,
+        a newer fence and a taken claim never come back); else the step's stored result, if
+        another delivery recorded it (``None``: it did not)."""
+        state = self.driver.read(lambda tx: verify(tx, guard, key, step=name))
+        stored: str | None = state["step_result"]
+        return stored
 
     def db_writes(
         self, guard: Guard, key: str, name: str, statements: Sequence[tuple[Any, Any]]
@@ -537,23 +557,11 @@ class Proofs:
         step recorded already: another delivery's record of the step, not yet committed, makes
         this one wait for it and then fail as a duplicate. Whether they ran: False when the
         step was recorded already."""
-        params = {
-            "key": key,
-            "name": name,
-            "result": "null",
-            "fence": fence_of(guard),
-            "job_id": guard.job_id,
-            "lease_token": guard.lease_token,
-            "resource": guard.lock.resource if guard.lock else None,
-            **slot_proof(guard),
-        }
+        params = step_record(guard, key, name, "null")
         try:
             self.driver.write_together(("insert_step_or_fail", params), statements)
         except StatementRefused as refused:
-            # Which part failed, read afterwards: a stale guard stays stale (a lost lease, a
-            # newer fence and a taken claim never come back), a recorded step stays recorded.
-            state = self.driver.read(lambda tx: verify(tx, guard, key, step=name))
-            if state["step_result"] is not None:
+            if self._recorded_or_stale(guard, key, name) is not None:
                 return False
             cause = refused.__cause__
             if isinstance(cause, StepSQLError):  # said already where the statement failed

@@ -88,6 +88,11 @@ class SQLiteTx(NamedStatements):
         finally:
             self._conn.execute("RELEASE item")
 
+    def run_with_commit(self, name: str, params: Mapping[str, Any]) -> None:
+        """A proving named statement, the transaction's last (SQLite has no round trip to
+        save: it runs now); one that does not prove stops the write (see the driver seam)."""
+        _proven(self.one(name, {"now": self.now(), **params}), name)
+
     def now(self) -> float:
         """The store clock (the host clock, or the one a test injected)."""
         return self._clock()
@@ -130,7 +135,7 @@ def step_error(
 
 
 def _proven(row: Row | None, name: str) -> None:
-    """Stop a :meth:`SQLiteDriver.write_together` whose proving statement did not prove."""
+    """Stop a write whose proving statement did not prove."""
     if row is None or not row["proven"]:
         raise StatementRefused(f"{name} did not hold")
 
