@@ -117,3 +117,17 @@ def test_db_writes_go_on_after_a_step_rolled_back_on_the_same_connection(
         store.db_step(guard, KEY, "fails", lambda conn: 1 / 0, ())
     assert store.db_writes(guard, KEY, "second", [("SELECT 2", None)])
     assert store.db_step(guard, KEY, "after", selected, (9,)) == (True, 9)
+
+
+def test_a_steps_record_is_one_round_trip(store: PostgresBackend) -> None:
+    """ctx.step's record of an effect outside the database: the record, proving the guard as
+    it is written, and its commit, sent at once."""
+    guard = deliver(store)
+    assert begin_operation(store, guard, KEY, None) is not None
+    with counting(statement_names(store.driver.schema)) as (counts, waits):
+        store.put_step(guard, KEY, "email", '"sent"')
+    assert waits == {"(one trip)": 1}
+    assert counts == {"insert_step_or_fail": 1}
+    operation = store.get_operation(KEY)
+    assert operation is not None
+    assert operation.steps == {"email": "sent"}

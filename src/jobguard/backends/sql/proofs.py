@@ -494,13 +494,16 @@ class Proofs:
             raise messages.stale_lease(guard.job_id, guard.lease_token, "record a step")
 
     def put_step(self, guard: Guard, key: str, name: str, result_json: str) -> None:
-        """Record a completed step (one transaction, guarded)."""
-
-        def op(tx: Tx) -> None:
-            verify(tx, guard, key)
-            self._insert_step(tx, guard, key, name, result_json, tx.now())
-
-        self.driver.write(op)
+        """Record a completed step, written only while every proof holds: on PostgreSQL one
+        round trip (see :meth:`Driver.write_together`). A step recorded already keeps its
+        first record (the claim lets one delivery at a time record, and that one records each
+        name once)."""
+        record = ("insert_step_or_fail", step_record(guard, key, name, result_json))
+        try:
+            self.driver.write_together(record, [])
+        except StatementRefused:
+            if self._recorded_or_stale(guard, key, name) is None:
+                raise  # not the guard (a proof that fails stays failed): the store's own
 
     def db_step(
         self,
