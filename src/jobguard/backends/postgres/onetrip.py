@@ -11,7 +11,8 @@ values are dumped first by psycopg's own adapters (nothing is sent when one cann
 the statements are queued, synced once and every reply read, and the server's first error is
 raised as psycopg raises it. What the server does is unchanged: the same statements in the
 same pipeline, each on its own (the extended protocol runs one statement a text), up to one
-Sync.
+Sync. The driver's write transactions use it for their two ends as well: ``BEGIN`` with the
+first statement (its rows read back as :class:`Replied`), ``COMMIT`` with the last.
 
 A statement is prepared on its connection at once (jobguard's own), or as psycopg prepares it
 (a caller's: after the connection's ``prepare_threshold`` uses, never when that is ``None``),
