@@ -25,12 +25,14 @@ from tests.support.ports import begin_operation, fetch
 KEY = "fulfill-order:7"
 
 
-CLOCK = ControlledClock()
+@pytest.fixture
+def clock() -> ControlledClock:
+    return ControlledClock()
 
 
 @pytest.fixture
-def store() -> Iterator[PostgresBackend]:
-    backend = PostgresBackend(pg.fresh_store_url(pg.session_database()), clock=CLOCK)
+def store(clock: ControlledClock) -> Iterator[PostgresBackend]:
+    backend = PostgresBackend(pg.fresh_store_url(pg.session_database()), clock=clock)
     yield backend
     backend.close()
 
@@ -58,7 +60,7 @@ def test_a_db_step_waits_twice_for_the_server_beside_its_own_statements(
 
 
 def test_a_record_refused_at_the_commit_commits_none_of_the_steps_writes(
-    store: PostgresBackend,
+    store: PostgresBackend, clock: ControlledClock
 ) -> None:
     guard = deliver(store, visibility_timeout_s=5.0)
     assert begin_operation(store, guard, KEY, None) is not None
@@ -68,7 +70,7 @@ def test_a_record_refused_at_the_commit_commits_none_of_the_steps_writes(
 
     def lose_the_lease_midway(conn: Any, n: int) -> int:
         conn.execute(f"INSERT INTO {table} VALUES (%s)", (n,))
-        CLOCK.advance(6.0)  # this delivery's lease runs out while its step runs ...
+        clock.advance(6.0)  # this delivery's lease runs out while its step runs ...
         assert fetch(store, ["default"], 10, "another-worker")  # ... and the job is taken
         return n
 

@@ -199,14 +199,14 @@ class PostgresTx(NamedStatements):
     def connection(self) -> psycopg.Connection[Any] | LoopBridge:
         """The psycopg connection of this transaction (bridged, for an asyncio caller's)."""
         if self._unbegun:  # what is run on it runs inside the transaction
-            self._send([_BEGIN])
+            self._send([])
         return self._conn
 
     def _send(self, calls: list[Call]) -> list[Replied]:
         """``calls`` in one round trip, BEGIN first if it was not sent yet; their results."""
         conn = self._conn
         assert isinstance(conn, psycopg.Connection)
-        begin = [_BEGIN] if self._unbegun and calls[0] is not _BEGIN else []
+        begin = [_BEGIN] if self._unbegun else []
         self._unbegun = False
         if self._sender is None:  # one a connection: it knows what it prepared there
             self._sender = conn.one_trip() if isinstance(conn, PooledConnection) else OneTrip(conn)
@@ -232,7 +232,7 @@ class PostgresTx(NamedStatements):
         try:
             self._send([*self._with_commit, _COMMIT])
         except psycopg.Error as exc:
-            if exc.sqlstate is None or is_outage(exc) or not self._with_commit:
+            if not (self._with_commit and refused_by_server(exc)):
                 raise
             raise StatementRefused(f"PostgreSQL refused a statement: {exc}") from exc
 
@@ -313,6 +313,12 @@ def is_outage(exc: psycopg.Error) -> bool:
     if state is None:
         return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     return state.startswith(_OUTAGE_SQLSTATE_PREFIXES) or state in _OUTAGE_SQLSTATES
+
+
+def refused_by_server(exc: psycopg.Error) -> bool:
+    """Whether the server refused the statement itself (a value, a constraint, its own check),
+    the server and the connection working."""
+    return exc.sqlstate is not None and not is_outage(exc)
 
 
 def connection_broke(exc: psycopg.Error) -> bool:
@@ -672,7 +678,7 @@ class PostgresDriver:
             except psycopg.Error as exc:
                 if ours and exc.sqlstate in _SCHEMA_GONE_SQLSTATES:
                     raise self._failed("write", exc) from exc
-                if exc.sqlstate is not None and not is_outage(exc):
+                if refused_by_server(exc):
                     raise StatementRefused(f"PostgreSQL refused {what}: {exc}") from exc
                 if connection_broke(exc):
                     raise StatementCutOff(f"PostgreSQL write failed: {exc}") from exc
