@@ -16,7 +16,7 @@ import pytest
 from bench.round_trips import counting, statement_names
 
 from jobguard.backends.postgres import PostgresBackend
-from jobguard.exceptions import LeaseLostError
+from jobguard.exceptions import LeaseLostError, StepSQLError
 from jobguard.testing import ControlledClock
 from tests.contract.test_operation_port import deliver
 from tests.support import pg
@@ -133,3 +133,77 @@ def test_a_steps_record_is_one_round_trip(store: PostgresBackend) -> None:
     operation = store.get_operation(KEY)
     assert operation is not None
     assert operation.steps == {"email": "sent"}
+
+
+@pytest.mark.parametrize("text", ["DEALLOCATE ALL", "deallocate prepare all", "DEALLOCATE _jg_0"])
+def test_a_step_may_not_drop_the_statements_prepared_on_its_connection(
+    store: PostgresBackend, text: str
+) -> None:
+    """A step's connection is the worker's: a DEALLOCATE in its SQL, refused before it is sent,
+    would drop the statements jobguard (and psycopg) prepared there."""
+    guard = deliver(store)
+    assert begin_operation(store, guard, KEY, None) is not None
+    assert store.db_writes(guard, KEY, "first", [("SELECT 1", None)])
+
+    def drop_them(conn: Any) -> int:
+        conn.execute(text)
+        return 1
+
+    with pytest.raises(StepSQLError, match="DEALLOCATE"):
+        store.db_step(guard, KEY, "drops", drop_them, ())
+    with pytest.raises(StepSQLError, match="DEALLOCATE"):
+        store.db_writes(guard, KEY, "drops-too", [(text, None)])
+    assert store.db_writes(guard, KEY, "second", [("SELECT 2", None)])
+    assert store.db_step(guard, KEY, "after", selected, (9,)) == (True, 9)
+
+
+def test_statements_dropped_behind_jobguards_back_are_prepared_again(
+    store: PostgresBackend,
+) -> None:
+    """Prepared statements gone from the server where psycopg did not see them go (a
+    DEALLOCATE ALL it sent when it had prepared none of its own): the write that meets their
+    absence ran nothing, so it is sent again at once with them prepared anew; so is a step's."""
+    guard = deliver(store)
+    assert begin_operation(store, guard, KEY, None) is not None
+    with store.driver.keep_connection():
+        assert store.db_writes(guard, KEY, "first", [("SELECT 1", None)])
+        assert store.db_step(guard, KEY, "select-1", selected, (1,)) == (True, 1)
+        for name in ("second", "third"):
+            store.driver.read(lambda tx: tx.connection.execute("DEALLOCATE ALL"))
+            assert store.db_writes(guard, KEY, name, [("SELECT 2", None)])
+        store.driver.read(lambda tx: tx.connection.execute("DEALLOCATE ALL"))
+        assert store.db_step(guard, KEY, "select-2", selected, (2,)) == (True, 2)
+        store.put_step(guard, KEY, "email", '"sent"')
+    operation = store.get_operation(KEY)
+    assert operation is not None
+    assert set(operation.steps) == {"first", "select-1", "second", "third", "select-2", "email"}
+
+
+@pytest.fixture
+def store_of_one_connection(clock: ControlledClock) -> Iterator[PostgresBackend]:
+    url = pg.fresh_store_url(pg.session_database())
+    backend = PostgresBackend(url, clock=clock, pool_size=1)
+    yield backend
+    backend.close()
+
+
+def test_one_statement_dropped_alone_leaves_the_others_names_unused(
+    store_of_one_connection: PostgresBackend,
+) -> None:
+    """The statements are prepared again under names never given on the connection: the
+    others, still prepared on the server under theirs, do not stand in the way."""
+    store = store_of_one_connection
+    guard = deliver(store)
+    assert begin_operation(store, guard, KEY, None) is not None
+    ours = "SELECT name FROM pg_prepared_statements WHERE name LIKE '_jg_%' ORDER BY name"
+    with store.driver.keep_connection():
+        # Seen by psycopg, which had prepared the fetch: every statement goes, and psycopg,
+        # with none of its own left, does not deallocate them all again at a rollback.
+        store.driver.read(lambda tx: tx.connection.execute("DEALLOCATE ALL"))
+        assert store.db_step(guard, KEY, "select-1", selected, (1,)) == (True, 1)
+        names = store.driver.read(lambda tx: tx.connection.execute(ours).fetchall())
+        assert len(names) == 2  # the guard's check and the step's record
+        store.driver.read(lambda tx: tx.connection.execute(f"DEALLOCATE {names[-1][0]}"))
+        for n in range(2, 5):
+            assert store.db_step(guard, KEY, f"select-{n}", selected, (n,)) == (True, n)
+            assert store.db_writes(guard, KEY, f"writes-{n}", [("SELECT 1", None)])

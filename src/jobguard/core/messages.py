@@ -15,6 +15,10 @@ STEP_CANNOT_END_ITS_TRANSACTION = (
     "a db_step function may not begin, commit or roll back: its rows commit together with the "
     "step record"
 )
+STEP_CANNOT_DEALLOCATE = (
+    "a step's SQL may not DEALLOCATE: its connection is the worker's, and the statements "
+    "prepared there would go with it"
+)
 
 
 def schema_lost(failure: str, schema: str) -> str:

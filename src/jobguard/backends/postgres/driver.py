@@ -24,7 +24,14 @@ from typing import Any, TypeVar
 from jobguard.backends._sql import load_queries
 from jobguard.backends.postgres.clock import ServerClock
 from jobguard.backends.postgres.kept import KeptConnections
-from jobguard.backends.postgres.onetrip import Call, OneTrip, Replied, UnsendableValue, caller_call
+from jobguard.backends.postgres.onetrip import (
+    Call,
+    OneTrip,
+    PreparedStatementsLost,
+    Replied,
+    UnsendableValue,
+    caller_call,
+)
 from jobguard.backends.postgres.pooled import PooledConnection
 from jobguard.backends.postgres.statements import Statement, native_statements
 from jobguard.backends.postgres.url import parse_postgres_url
@@ -73,8 +80,9 @@ _RAW = load_queries("jobguard.backends.postgres")
 # The store clock in a statement: the time it is given (%(now)s: a test's injected clock), or
 # the server's own when that is NULL (Tx.statement_now).
 _STORE_NOW = sql.SQL("coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)")
-# The server aborted the transaction on its own; nothing of it committed, so it is run again.
-_RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure)
+# The server aborted the transaction on its own, or it met statements prepared on its
+# connection gone: nothing of it committed, so it is run again.
+_RETRYABLE = (errors.DeadlockDetected, errors.SerializationFailure, PreparedStatementsLost)
 _RETRIES = 5
 # Every connection jobguard opens notices a dead peer or a network that stopped answering in
 # seconds, not at the kernel's defaults (hours for an idle socket, ~15 minutes for unanswered
@@ -104,7 +112,7 @@ _ALIKE_WITHOUT_BLOCK = frozenset(
 )
 
 
-def _pause_before_retry(attempt: int, exc: psycopg.Error) -> None:
+def _pause_before_retry(attempt: int, exc: Exception) -> None:
     """Wait a little, longer each time, before running again a write the server aborted
     (``attempt`` from 0); after the last of :data:`_RETRIES`, give up."""
     if attempt + 1 == _RETRIES:
@@ -416,8 +424,9 @@ def runs_alike_without_block(words: list[str]) -> bool:
 
 
 def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> list[str]:
-    """Refuse, before it is sent, a step's statement that is not SQL text or that would end
-    (or split) the step's transaction; its first words (:func:`leading_words`), read once."""
+    """Refuse, before it is sent, a step's statement that is not SQL text, that would end (or
+    split) the step's transaction, or that would drop the statements prepared on its
+    connection (a DEALLOCATE); its first words (:func:`leading_words`), read once."""
     if not isinstance(query, str | bytes | sql.Composable):
         raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
     text = query.as_string(conn) if isinstance(query, sql.Composable) else query
@@ -429,6 +438,8 @@ def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> list[str]
         words = leading_words(text)
     if ends_transaction(words):
         raise StepSQLError(messages.STEP_CANNOT_END_ITS_TRANSACTION)
+    if words[:1] == ["deallocate"]:
+        raise StepSQLError(messages.STEP_CANNOT_DEALLOCATE)
     return words
 
 
@@ -736,7 +747,7 @@ class PostgresDriver:
         """
         try:
             conn.one_trip().run(calls)
-        except psycopg.Error:
+        except (psycopg.Error, PreparedStatementsLost):
             if not conn.closed:
                 with suppress(psycopg.Error):
                     conn.rollback()

@@ -39,9 +39,17 @@ MOST_PREPARED = 100
 # Texts whose uses a connection counts towards their prepare, at the most (then it starts again).
 _MOST_COUNTED = 1000
 
+_UNKNOWN_STATEMENT_NAME = "26000"  # invalid_sql_statement_name
 _OK = frozenset({pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK, pq.ExecStatus.EMPTY_QUERY})
 _READ = select.POLLIN | select.POLLERR | select.POLLHUP
 _WRITE = _READ | select.POLLOUT
+
+
+class PreparedStatementsLost(Exception):
+    """The server no longer had a statement this connection prepared (a ``DEALLOCATE`` that
+    psycopg did not see, having prepared none of its own): the run failed at it, so the
+    transaction it was part of cannot commit. Every statement is forgotten as prepared, so
+    that the transaction, run again, prepares them anew."""
 
 
 class UnsendableValue(Exception):
@@ -122,6 +130,7 @@ class OneTrip:
         self._conn = conn
         self._transformer = Transformer(conn)
         self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        self._names_given = 0  # a name is never given twice: one dropped alone may live on
         self._uses: dict[tuple[bytes, tuple[int, ...]], int] = {}
         self._poller: select.poll | None = None
         self._events = 0
@@ -130,9 +139,10 @@ class OneTrip:
         """Send ``calls`` and read every reply, in one round trip; each call's result.
 
         Raises the server's first error as psycopg does (its class by SQLSTATE); the server ran
-        nothing after it, up to the Sync. A failure of the connection raises psycopg's
-        ``OperationalError``, and anything unforeseen midway closes the connection before it
-        is raised: a connection is never left halfway through a pipeline.
+        nothing after it, up to the Sync; :class:`PreparedStatementsLost` when that error was a
+        statement prepared before this run found gone. A failure of the connection raises
+        psycopg's ``OperationalError``, and anything unforeseen midway closes the connection
+        before it is raised: a connection is never left halfway through a pipeline.
         """
         try:  # a value that cannot be sent: none is
             dumped = [self._dump(call) for call in calls]
@@ -143,7 +153,7 @@ class OneTrip:
             pgconn = conn.pgconn
             try:
                 pgconn.enter_pipeline_mode()
-                replies = self._send(pgconn, dumped)
+                replies, by_old_name = self._send(pgconn, dumped)
                 pgconn.pipeline_sync()
                 self._flush(pgconn)
                 error, results = self._read(pgconn, replies)
@@ -152,6 +162,9 @@ class OneTrip:
                 pgconn.finish()  # psycopg then reads the connection as closed
                 raise
         if error is not None:
+            if by_old_name and error.sqlstate == _UNKNOWN_STATEMENT_NAME:
+                self.forget_prepared()
+                raise PreparedStatementsLost(str(error)) from error
             raise error
         return results
 
@@ -166,17 +179,23 @@ class OneTrip:
         types = tuple(self._transformer.types or ())
         return _Dumped(call, params, types, self._transformer.formats)
 
-    def _send(self, pgconn: pq.abc.PGconn, dumped: list[_Dumped]) -> list[_Prepare | None]:
-        """Queue every statement; what each reply will answer (a prepare, or ``None``)."""
+    def _send(
+        self, pgconn: pq.abc.PGconn, dumped: list[_Dumped]
+    ) -> tuple[list[_Prepare | None], bool]:
+        """Queue every statement; what each reply will answer (a prepare, or ``None``), and
+        whether a statement went by a name prepared before this run."""
         replies: list[_Prepare | None] = []
         preparing: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        by_old_name = False
         for each in dumped:
             key = (each.call.native, each.types)
-            name = self._prepared.get(key) or preparing.get(key)
+            name = self._prepared.get(key)
+            by_old_name = by_old_name or name is not None
+            name = name or preparing.get(key)
             made = len(self._prepared) + len(preparing)
             if name is None and made < MOST_PREPARED and self._prepare_now(key, each.call):
-                # A name whose prepare is not answered (skipped after an error) is free again.
-                name = b"_jg_%d" % made
+                name = b"_jg_%d" % self._names_given
+                self._names_given += 1
                 pgconn.send_prepare(name, each.call.native, each.types or None)
                 preparing[key] = name
                 replies.append(_Prepare(key, name))
@@ -187,7 +206,7 @@ class OneTrip:
                     each.call.native, each.params, each.types or None, each.formats
                 )
             replies.append(None)
-        return replies
+        return replies, by_old_name
 
     def _prepare_now(self, key: tuple[bytes, tuple[int, ...]], call: Call) -> bool:
         """Whether a statement not prepared yet is prepared at this use."""
