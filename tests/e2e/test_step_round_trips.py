@@ -135,26 +135,63 @@ def test_a_steps_record_is_one_round_trip(store: PostgresBackend) -> None:
     assert operation.steps == {"email": "sent"}
 
 
-@pytest.mark.parametrize("text", ["DEALLOCATE ALL", "deallocate prepare all", "DEALLOCATE _jg_0"])
-def test_a_step_may_not_drop_the_statements_prepared_on_its_connection(
+# Statements whose effect outlives the step's transaction on its connection.
+SESSION_CHANGES = [
+    "DEALLOCATE ALL",
+    "deallocate prepare all",
+    "DEALLOCATE _jg_0",
+    "SET statement_timeout = 1",
+    "set search_path to public",
+    "/* a comment */ SET SESSION ROLE postgres",
+    "SET TIME ZONE 'UTC'",
+    "RESET ALL",
+    "reset statement_timeout",
+    "PREPARE mine AS SELECT 1",
+    "LISTEN elsewhere",
+    "UNLISTEN *",
+    "DISCARD TEMP",
+]
+
+
+@pytest.mark.parametrize("text", SESSION_CHANGES)
+def test_a_step_may_not_change_what_its_connection_keeps_after_it(
     store: PostgresBackend, text: str
 ) -> None:
-    """A step's connection is the worker's: a DEALLOCATE in its SQL, refused before it is sent,
-    would drop the statements jobguard (and psycopg) prepared there."""
+    """A step's connection is the worker's: a setting changed for the session, a statement
+    prepared or dropped, a channel listened to would outlive the step and reach the jobs that
+    use the connection next, jobguard's own statements included. Refused before it is sent."""
     guard = deliver(store)
     assert begin_operation(store, guard, KEY, None) is not None
     assert store.db_writes(guard, KEY, "first", [("SELECT 1", None)])
 
-    def drop_them(conn: Any) -> int:
+    def change(conn: Any) -> int:
         conn.execute(text)
         return 1
 
-    with pytest.raises(StepSQLError, match="DEALLOCATE"):
-        store.db_step(guard, KEY, "drops", drop_them, ())
-    with pytest.raises(StepSQLError, match="DEALLOCATE"):
-        store.db_writes(guard, KEY, "drops-too", [(text, None)])
+    with pytest.raises(StepSQLError, match="SET LOCAL"):
+        store.db_step(guard, KEY, "changes", change, ())
+    with pytest.raises(StepSQLError, match="SET LOCAL"):
+        store.db_writes(guard, KEY, "changes-too", [(text, None)])
     assert store.db_writes(guard, KEY, "second", [("SELECT 2", None)])
     assert store.db_step(guard, KEY, "after", selected, (9,)) == (True, 9)
+
+
+def test_a_step_may_change_a_setting_for_its_own_transaction(store: PostgresBackend) -> None:
+    guard = deliver(store)
+    assert begin_operation(store, guard, KEY, None) is not None
+
+    def within(conn: Any) -> str:
+        conn.execute("SET LOCAL statement_timeout = '5s'")
+        return str(conn.execute("SHOW statement_timeout").fetchone()[0])
+
+    def shown(tx: Any) -> Any:
+        return tx.connection.execute("SHOW statement_timeout").fetchone()
+
+    with store.driver.keep_connection():
+        before = store.driver.read(shown)
+        assert before != ("5s",)
+        assert store.db_step(guard, KEY, "local", within, ()) == (True, "5s")
+        assert store.driver.read(shown) == before
 
 
 def test_statements_dropped_behind_jobguards_back_are_prepared_again(

@@ -15,9 +15,10 @@ STEP_CANNOT_END_ITS_TRANSACTION = (
     "a db_step function may not begin, commit or roll back: its rows commit together with the "
     "step record"
 )
-STEP_CANNOT_DEALLOCATE = (
-    "a step's SQL may not DEALLOCATE: its connection is the worker's, and the statements "
-    "prepared there would go with it"
+STEP_CANNOT_CHANGE_ITS_SESSION = (
+    "a step's SQL may not change what its connection keeps after the step (SET without LOCAL, "
+    "RESET, PREPARE, DEALLOCATE, LISTEN, UNLISTEN, DISCARD): the connection is the worker's, "
+    "and the change would reach the jobs that use it next; SET LOCAL ends with the step"
 )
 
 

@@ -104,6 +104,9 @@ _ENDS_TRANSACTION = frozenset(
     {"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
 )
 _WORD = re.compile(r"[A-Za-z_]+")
+# Statements whose effect outlives the transaction on its connection (see changes_session; a
+# SET is one unless LOCAL, TRANSACTION or CONSTRAINTS, which end with the transaction).
+_CHANGES_SESSION = frozenset({"reset", "prepare", "deallocate", "listen", "unlisten", "discard"})
 # Statements that run alike in a pipeline's implicit transaction (everything sent before its
 # Sync, committed by it) and in a BEGIN ... COMMIT block. Others may not: a CALL or a DO block
 # that commits would commit what came before it there, and LOCK needs a block.
@@ -417,6 +420,15 @@ def ends_transaction(words: list[str]) -> bool:
     return bool(words) and (words[0] in _ENDS_TRANSACTION or words == ["prepare", "transaction"])
 
 
+def changes_session(words: list[str]) -> bool:
+    """Whether a statement beginning with ``words`` (:func:`leading_words`) changes what its
+    connection keeps after the transaction: a setting set without ``LOCAL``, a statement
+    prepared or dropped, a channel listened to or left."""
+    if words[:1] == ["set"]:
+        return words[1:2] not in (["local"], ["transaction"], ["constraints"])
+    return bool(words) and words[0] in _CHANGES_SESSION
+
+
 def runs_alike_without_block(words: list[str]) -> bool:
     """Whether a statement beginning with ``words`` runs the same in a pipeline's implicit
     transaction as in a BEGIN ... COMMIT block (see :data:`_ALIKE_WITHOUT_BLOCK`)."""
@@ -425,8 +437,8 @@ def runs_alike_without_block(words: list[str]) -> bool:
 
 def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> list[str]:
     """Refuse, before it is sent, a step's statement that is not SQL text, that would end (or
-    split) the step's transaction, or that would drop the statements prepared on its
-    connection (a DEALLOCATE); its first words (:func:`leading_words`), read once."""
+    split) the step's transaction, or whose effect would outlive it on the connection
+    (:func:`changes_session`); its first words (:func:`leading_words`), read once."""
     if not isinstance(query, str | bytes | sql.Composable):
         raise StepSQLError(f"a db_step statement must be SQL text, not {type(query).__name__}")
     text = query.as_string(conn) if isinstance(query, sql.Composable) else query
@@ -438,8 +450,8 @@ def check_step_statement(conn: psycopg.Connection[Any], query: Any) -> list[str]
         words = leading_words(text)
     if ends_transaction(words):
         raise StepSQLError(messages.STEP_CANNOT_END_ITS_TRANSACTION)
-    if words[:1] == ["deallocate"]:
-        raise StepSQLError(messages.STEP_CANNOT_DEALLOCATE)
+    if changes_session(words):
+        raise StepSQLError(messages.STEP_CANNOT_CHANGE_ITS_SESSION)
     return words
 
 
