@@ -8,15 +8,18 @@ Each run fills a fresh store with ``--jobs`` jobs of one kind (``plain``, ``full
 guard with a ``db_step`` insert, ``retry``: the full guard with a third of the jobs failing once)
 and starts ``--workers`` ``jobguard worker`` processes at the shape's thread count; it prints
 the rate over the attempt log (first delivery to last finish) and the CPU per job of the workers
-and of the database's server processes. No peers and no paced pickups, so a run takes seconds:
+and of the database's server processes (``--backend sqlite``: a fresh SQLite file each run,
+the workers' CPU alone). No peers and no paced pickups, so a run takes seconds:
 the bench for paired runs of two commits (:mod:`bench.paired`) on a machine whose speed drifts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import sqlite3
 import subprocess
 import tempfile
 from pathlib import Path
@@ -63,16 +66,27 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="times through the shapes")
     parser.add_argument("--label", default="", help="put before every line (paired runs)")
+    parser.add_argument(
+        "--backend",
+        choices=("postgres", "sqlite"),
+        default="postgres",
+        help="the store: PostgreSQL (a fresh database each run) or a fresh SQLite file",
+    )
     args = parser.parse_args()
     source = commit_of(Path(jobguard.__file__).resolve().parents[2])
-    with scratch_database() as url:
+    with contextlib.ExitStack() as stack:
+        if args.backend == "postgres":
+            url: str | None = stack.enter_context(scratch_database())
+            store = server_settings(url)
+        else:
+            url, store = None, f"SQLite {sqlite3.sqlite_version} synchronous=FULL"
         print(
             f"{args.label}jobguard {jobguard.__version__} from {source}; {platform.machine()}, "
-            f"{os.cpu_count()} cores; {server_settings(url)}; load average at start "
+            f"{os.cpu_count()} cores; {store}; load average at start "
             f"{os.getloadavg()[0]:.1f}",
             flush=True,
         )
-        runs = JobguardRuns("postgres", url, Path(tempfile.mkdtemp(prefix="jobguard-drains-")))
+        runs = JobguardRuns(args.backend, url, Path(tempfile.mkdtemp(prefix="jobguard-drains-")))
         for _ in range(args.rounds):
             for kind, threads in args.shapes:
                 drained = runs.drain(kind, args.jobs, args.workers, threads)

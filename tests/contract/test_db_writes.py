@@ -33,6 +33,11 @@ def placeholder(backend: Backend) -> str:
 @pytest.fixture
 def invoices(backend: Backend) -> str:
     """A business table beside this test's store: one invoice per order."""
+    return invoice_table(backend)
+
+
+def invoice_table(backend: Backend) -> str:
+    """Make the table of invoices beside ``backend``, in a step of its own; its name."""
     table = business_table(backend, "invoices")
     guard = deliver(backend, operation_key="schema")
     begin_operation(backend, guard, "schema", None)
@@ -257,3 +262,69 @@ def test_a_copy_is_refused_before_anything_is_sent(postgres: Backend, copy: str)
         postgres.db_writes(guard, KEY, "invoice", writes)
     assert rows(postgres, table) == []
     assert "invoice" not in stored(postgres).steps
+
+
+@pytest.fixture
+def sqlite(tmp_path: Path, clock: ControlledClock) -> Iterator[Backend]:
+    """The SQLite store alone: what its step connection lets through."""
+    store = BACKENDS["sqlite"](tmp_path, clock)
+    yield store
+    store.close()
+
+
+CONNECTION_CHANGES = [
+    "PRAGMA query_only = ON",
+    "pragma recursive_triggers=1",
+    "PRAGMA main.cache_size = -4000",
+    "/* shorter */ PRAGMA busy_timeout(5)",
+    "PRAGMA synchronous = OFF",
+    "ATTACH DATABASE ':memory:' AS elsewhere",
+    "DETACH DATABASE temp",
+]
+
+
+@pytest.mark.parametrize("text", CONNECTION_CHANGES)
+def test_a_sqlite_step_may_not_change_what_its_connection_keeps_after_it(
+    sqlite: Backend, text: str
+) -> None:
+    """A step's connection is the worker's: a PRAGMA set in one job's step (``query_only``
+    turned on, a shorter busy timeout, synchronous turned off) or a database attached would
+    outlive the step and reach the jobs that use the connection next, jobguard's own writes
+    included. Refused when it runs; the step's rows and record roll back."""
+    invoices = invoice_table(sqlite)
+    guard = deliver(sqlite)
+    begin_operation(sqlite, guard, KEY, None)
+
+    def change(conn: Any) -> int:
+        conn.execute(*insert(sqlite, invoices, 6))
+        conn.execute(text)
+        return 1
+
+    with pytest.raises(StepSQLError, match="PRAGMA defer_foreign_keys"):
+        sqlite.db_step(guard, KEY, "changes", change, ())
+    with pytest.raises(StepSQLError, match="PRAGMA defer_foreign_keys"):
+        sqlite.db_writes(guard, KEY, "changes-too", [insert(sqlite, invoices, 7), (text, None)])
+    assert sqlite.db_writes(guard, KEY, "after", [insert(sqlite, invoices, 8)]) is True
+    assert rows(sqlite, invoices) == [(8, None)]
+    assert "changes" not in stored(sqlite).steps
+    assert "changes-too" not in stored(sqlite).steps
+
+
+def test_a_sqlite_step_may_read_pragmas_and_set_one_that_ends_with_it(
+    sqlite: Backend,
+) -> None:
+    """What reads (a PRAGMA without a value, or one whose argument names what to read) and
+    what ends with the transaction (``defer_foreign_keys``) stays allowed."""
+    invoices = invoice_table(sqlite)
+    guard = deliver(sqlite)
+    begin_operation(sqlite, guard, KEY, None)
+
+    def reads(conn: Any) -> list[Any]:
+        conn.execute("PRAGMA defer_foreign_keys = ON")
+        deferred = conn.execute("PRAGMA defer_foreign_keys").fetchone()[0]
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({invoices})")]
+        listed = conn.execute("SELECT count(*) FROM pragma_table_info(?)", (invoices,))
+        return [deferred, columns, listed.fetchone()[0]]
+
+    assert sqlite.db_step(guard, KEY, "reads", reads, ()) == (True, [1, ["order_id", "fence"], 2])
+    assert sqlite.db_writes(guard, KEY, "after", [insert(sqlite, invoices, 8)]) is True

@@ -15,10 +15,23 @@ STEP_CANNOT_END_ITS_TRANSACTION = (
     "a db_step function may not begin, commit or roll back: its rows commit together with the "
     "step record"
 )
-STEP_CANNOT_CHANGE_ITS_SESSION = (
-    "a step's SQL may not change what its connection keeps after the step (SET without LOCAL, "
-    "RESET, PREPARE, DEALLOCATE, LISTEN, UNLISTEN, DISCARD): the connection is the worker's, "
-    "and the change would reach the jobs that use it next; SET LOCAL ends with the step"
+
+
+def _step_cannot_change(which: str, allowed: str) -> str:
+    return (
+        f"a step's SQL may not change what its connection keeps after the step ({which}): the "
+        f"connection is the worker's, and the change would reach the jobs that use it next; "
+        f"{allowed}"
+    )
+
+
+STEP_CANNOT_CHANGE_ITS_SESSION = _step_cannot_change(
+    "SET without LOCAL, RESET, PREPARE, DEALLOCATE, LISTEN, UNLISTEN, DISCARD",
+    "SET LOCAL ends with the step",
+)
+STEP_CANNOT_CHANGE_ITS_SQLITE_CONNECTION = _step_cannot_change(
+    "a PRAGMA given a value, ATTACH, DETACH",
+    "PRAGMA defer_foreign_keys ends with the step, and a PRAGMA read is allowed",
 )
 
 

@@ -102,33 +102,74 @@ class SQLiteTx(NamedStatements):
         return self._clock()
 
 
-class _TransactionKeeper:
-    """SQLite authorizer for user code inside a db_step: no BEGIN, COMMIT, ROLLBACK, nor (unless
-    ``savepoints``: an ORM's own, inside the step's BEGIN, cannot end it) SAVEPOINT. It
-    remembers a refusal, so the error can say why instead of SQLite's "not authorized"."""
+# PRAGMAs whose argument only names what to read, and values kept in the database file itself
+# (written and rolled back with the step's transaction), or dropped at its end.
+_PRAGMAS_ENDING_WITH_THE_STEP = frozenset(
+    {
+        "table_info",
+        "table_xinfo",
+        "table_list",
+        "index_info",
+        "index_xinfo",
+        "index_list",
+        "foreign_key_list",
+        "foreign_key_check",
+        "integrity_check",
+        "quick_check",
+        "defer_foreign_keys",
+        "user_version",
+        "application_id",
+    }
+)
+
+_WATCHED_ACTIONS = frozenset(
+    {
+        sqlite3.SQLITE_TRANSACTION,
+        sqlite3.SQLITE_SAVEPOINT,
+        sqlite3.SQLITE_PRAGMA,
+        sqlite3.SQLITE_ATTACH,
+        sqlite3.SQLITE_DETACH,
+    }
+)
+
+
+class _StepKeeper:
+    """SQLite authorizer for user code inside a db_step. It refuses what would end the step's
+    transaction: BEGIN, COMMIT, ROLLBACK, and (unless ``savepoints``: an ORM's own, inside the
+    step's BEGIN, cannot end it) SAVEPOINT; and what would outlive the step on the worker's
+    connection: a PRAGMA given a value (but those of :data:`_PRAGMAS_ENDING_WITH_THE_STEP`),
+    ATTACH, DETACH. It remembers why it refused, so the error can say so instead of SQLite's
+    "not authorized"."""
 
     def __init__(self, savepoints: bool) -> None:
         self.savepoints = savepoints
-        self.refused = False
+        self.refused: str | None = None
 
-    def __call__(self, action: int, *_: str | None) -> int:
-        if action == sqlite3.SQLITE_TRANSACTION or (
-            action == sqlite3.SQLITE_SAVEPOINT and not self.savepoints
-        ):
-            self.refused = True
+    def __call__(self, action: int, first: str | None, second: str | None, *_: str | None) -> int:
+        if action not in _WATCHED_ACTIONS:  # nearly every call: a read, an insert, a function
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_SAVEPOINT and self.savepoints:
+            return sqlite3.SQLITE_OK
+        if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
+            self.refused = messages.STEP_CANNOT_END_ITS_TRANSACTION
             return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_PRAGMA and (
+            second is None or (first or "").lower() in _PRAGMAS_ENDING_WITH_THE_STEP
+        ):
+            return sqlite3.SQLITE_OK
+        self.refused = messages.STEP_CANNOT_CHANGE_ITS_SQLITE_CONNECTION
+        return sqlite3.SQLITE_DENY
 
 
 def step_error(
-    exc: sqlite3.Error, keeper: _TransactionKeeper | None = None
+    exc: sqlite3.Error, keeper: _StepKeeper | None = None
 ) -> StepSQLError | StoreUnavailableError:
     """The jobguard error for a failed statement of a db_step: an outage of the store (its file
     or host failing), the step's SQL failing (a constraint, a syntax error), or a statement
-    that would have ended the step's transaction (refused by ``keeper``)."""
-    if keeper is not None and keeper.refused:
-        keeper.refused = False
-        return StepSQLError(messages.STEP_CANNOT_END_ITS_TRANSACTION)
+    that would have ended the step's transaction or outlived it (refused by ``keeper``)."""
+    if keeper is not None and keeper.refused is not None:
+        refused, keeper.refused = keeper.refused, None
+        return StepSQLError(refused)
     if is_outage(exc):
         return StoreUnavailableError(f"the step's SQLite database failed: {exc}")
     return StepSQLError(f"SQL of the step failed: {exc}")
@@ -148,7 +189,7 @@ class StepConnection:
     statements are raised as :class:`~jobguard.exceptions.StepSQLError`.
     """
 
-    def __init__(self, conn: sqlite3.Connection, keeper: _TransactionKeeper | None = None) -> None:
+    def __init__(self, conn: sqlite3.Connection, keeper: _StepKeeper | None = None) -> None:
         self._conn = conn
         self._keeper = keeper
 
@@ -329,11 +370,13 @@ class SQLiteDriver:
 
     @contextmanager
     def step_connection(self, tx: Tx, *, savepoints: bool = False) -> Iterator[StepConnection]:
-        """The connection ``db_step`` code gets; it cannot end the step's transaction."""
+        """The connection ``db_step`` code gets; it cannot end the step's transaction nor
+        change what the connection keeps after it."""
         conn: sqlite3.Connection = tx.connection
         # fn must not end the step's transaction (COMMIT, ROLLBACK, RELEASE): its rows would
-        # then commit without the step record.
-        keeper = _TransactionKeeper(savepoints)
+        # then commit without the step record; nor set what the next job on the connection
+        # would meet (a PRAGMA, a database attached).
+        keeper = _StepKeeper(savepoints)
         conn.set_authorizer(keeper)
         try:
             yield StepConnection(conn, keeper)
