@@ -328,3 +328,27 @@ def test_a_sqlite_step_may_read_pragmas_and_set_one_that_ends_with_it(
 
     assert sqlite.db_step(guard, KEY, "reads", reads, ()) == (True, [1, ["order_id", "fence"], 2])
     assert sqlite.db_writes(guard, KEY, "after", [insert(sqlite, invoices, 8)]) is True
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["COMMIT", "SAVEPOINT request", "RELEASE item", "PRAGMA synchronous=FULL", "BEGIN IMMEDIATE"],
+)
+def test_a_sqlite_step_is_refused_its_statement_even_when_jobguard_ran_the_same_text(
+    sqlite: Backend, text: str
+) -> None:
+    """The worker's write connection keeps one authorizer, watching only during a step, and
+    ``sqlite3`` reuses a statement prepared before without asking it again: jobguard's own
+    statements there (its commits, savepoints and pragmas, run many times before this step)
+    must never be a step's text, or the step's ``COMMIT`` would run unchecked."""
+    invoices = invoice_table(sqlite)
+    guard = deliver(sqlite)
+    begin_operation(sqlite, guard, KEY, None)
+    for order_id in range(3):  # more commits, savepoints and releases on the connection
+        assert sqlite.db_writes(
+            guard, KEY, f"invoice-{order_id}", [insert(sqlite, invoices, order_id)]
+        )
+    with pytest.raises(StepSQLError, match="may not"):
+        sqlite.db_writes(guard, KEY, "ends", [insert(sqlite, invoices, 9), (text, None)])
+    assert rows(sqlite, invoices) == [(0, None), (1, None), (2, None)]
+    assert "ends" not in stored(sqlite).steps

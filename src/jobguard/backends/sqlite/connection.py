@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from jobguard.backends.sql.driver import UserCodeError
 from jobguard.backends.sql.schema import migrations_of, pending
+from jobguard.backends.sqlite.keeper import OWN, StepKeeper
 from jobguard.core import messages
 from jobguard.exceptions import ConfigurationError, StoreBrokenError, StoreUnavailableError
 
@@ -73,7 +74,7 @@ def open_connection(
         conn.row_factory = sqlite3.Row
         _enable_wal(conn, options.busy_timeout_s)
         # Checked against a literal list in SQLiteOptions, so never user text here.
-        conn.execute(f"PRAGMA synchronous={options.synchronous}")
+        conn.execute(f"{OWN}PRAGMA synchronous={options.synchronous}")
     except sqlite3.Error as exc:
         raise StoreUnavailableError(f"cannot open SQLite database {options.path!r}: {exc}") from exc
     return conn
@@ -95,7 +96,7 @@ def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
     pause_s = 0.001
     while True:
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(OWN + "PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:
             busy = "locked" in str(exc) or "busy" in str(exc)
@@ -240,6 +241,15 @@ class _Request:
         self.wake.acquire()
 
 
+# The write connection's own statements, in texts no step's statement has (see keeper.OWN).
+_BEGIN = OWN + "BEGIN IMMEDIATE"
+_SAVEPOINT = OWN + "SAVEPOINT request"
+_ROLLBACK_TO = OWN + "ROLLBACK TO request"
+_RELEASE = OWN + "RELEASE request"
+_COMMIT = OWN + "COMMIT"
+_ROLLBACK = OWN + "ROLLBACK"
+
+
 class GroupCommitter:
     """Runs write functions in shared transactions; see the module docstring."""
 
@@ -249,6 +259,8 @@ class GroupCommitter:
         self._mutex = threading.Lock()
         self._leading = False
         self._conn: sqlite3.Connection | None = None
+        # The write connection's authorizer, for its life: it watches only a step's statements.
+        self._keeper = StepKeeper(watching=False)
 
     def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` inside a write transaction and return once it is committed."""
@@ -299,8 +311,14 @@ class GroupCommitter:
         if self._conn is None:
             # No busy handler on the write connection: SQLite's own sleeps in steps of up to
             # 100 ms, far longer than a write transaction here; _begin retries at finer grain.
-            self._conn = open_connection(self._options, busy_timeout_s=0.0)
+            conn = open_connection(self._options, busy_timeout_s=0.0)
+            conn.set_authorizer(self._keeper)
+            self._conn = conn
         return self._conn
+
+    def keeper_of(self, conn: sqlite3.Connection) -> StepKeeper | None:
+        """The keeper installed on ``conn`` if it is this committer's write connection."""
+        return self._keeper if conn is self._conn else None
 
     def _begin(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE``, retried with short jittered sleeps until the busy timeout."""
@@ -308,7 +326,7 @@ class GroupCommitter:
         pause_s = 0.0001
         while True:
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(_BEGIN)
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
@@ -329,21 +347,21 @@ class GroupCommitter:
             return
         try:
             for request in batch:
-                conn.execute("SAVEPOINT request")
+                conn.execute(_SAVEPOINT)
                 try:
                     request.result = request.fn(conn)
                 except BaseException as exc:  # the caller gets it; the others still commit
-                    conn.execute("ROLLBACK TO request")
+                    conn.execute(_ROLLBACK_TO)
                     request.error = (
                         exc if not isinstance(exc, sqlite3.Error) else failed("write", exc)
                     )
-                conn.execute("RELEASE request")
-            conn.execute("COMMIT")
+                conn.execute(_RELEASE)
+            conn.execute(_COMMIT)
         except sqlite3.Error as exc:
             # Savepoint or commit failed (disk full, I/O error): nothing of the batch is durable.
             # Every caller must hear so, and the connection must not stay inside a transaction.
             with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+                conn.execute(_ROLLBACK)
             self._fail_all(batch, exc)
 
     @staticmethod

@@ -3,7 +3,7 @@
 Everything the store does lives in :class:`~jobguard.backends.sql.store.SQLStore`; this module
 only opens connections, runs the named statements of ``queries.sql`` and owns what is SQLite's
 own: lists passed as JSON (``json_each``), writes serialised by the file lock, the authorizer
-that keeps ``db_step`` code from ending the step's transaction.
+(:mod:`.keeper`) that keeps a step's code from ending the step's transaction.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from jobguard.backends.sqlite.connection import (
     migrate,
     open_connection,
 )
+from jobguard.backends.sqlite.keeper import OWN, StepKeeper
 from jobguard.backends.sqlite.wake import Waker
-from jobguard.core import messages
 from jobguard.exceptions import (
     ConfigurationError,
     StepSQLError,
@@ -50,6 +50,10 @@ IDENTITY_CHECK_EVERY_S = 2.0
 # back with json_each. Text is kept as it is (not \u-escaped), so text SQLite cannot store is
 # refused here as in any other parameter.
 _LIST_PARAMS = frozenset({"ids", "tokens", "queues", "items"})
+# A savepoint of jobguard's own, in texts no step's statement has (see keeper.OWN).
+_SAVEPOINT = OWN + "SAVEPOINT item"
+_ROLLBACK_TO = OWN + "ROLLBACK TO item"
+_RELEASE = OWN + "RELEASE item"
 
 
 class SQLiteTx(NamedStatements):
@@ -79,14 +83,14 @@ class SQLiteTx(NamedStatements):
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A nested unit rolled back alone if the block raises."""
-        self._conn.execute("SAVEPOINT item")
+        self._conn.execute(_SAVEPOINT)
         try:
             yield
         except BaseException:
-            self._conn.execute("ROLLBACK TO item")
+            self._conn.execute(_ROLLBACK_TO)
             raise
         finally:
-            self._conn.execute("RELEASE item")
+            self._conn.execute(_RELEASE)
 
     def run_with_commit(self, name: str, params: Mapping[str, Any]) -> None:
         """A proving named statement, the transaction's last (SQLite has no round trip to
@@ -102,67 +106,8 @@ class SQLiteTx(NamedStatements):
         return self._clock()
 
 
-# PRAGMAs whose argument only names what to read, and values kept in the database file itself
-# (written and rolled back with the step's transaction), or dropped at its end.
-_PRAGMAS_ENDING_WITH_THE_STEP = frozenset(
-    {
-        "table_info",
-        "table_xinfo",
-        "table_list",
-        "index_info",
-        "index_xinfo",
-        "index_list",
-        "foreign_key_list",
-        "foreign_key_check",
-        "integrity_check",
-        "quick_check",
-        "defer_foreign_keys",
-        "user_version",
-        "application_id",
-    }
-)
-
-_WATCHED_ACTIONS = frozenset(
-    {
-        sqlite3.SQLITE_TRANSACTION,
-        sqlite3.SQLITE_SAVEPOINT,
-        sqlite3.SQLITE_PRAGMA,
-        sqlite3.SQLITE_ATTACH,
-        sqlite3.SQLITE_DETACH,
-    }
-)
-
-
-class _StepKeeper:
-    """SQLite authorizer for user code inside a db_step. It refuses what would end the step's
-    transaction: BEGIN, COMMIT, ROLLBACK, and (unless ``savepoints``: an ORM's own, inside the
-    step's BEGIN, cannot end it) SAVEPOINT; and what would outlive the step on the worker's
-    connection: a PRAGMA given a value (but those of :data:`_PRAGMAS_ENDING_WITH_THE_STEP`),
-    ATTACH, DETACH. It remembers why it refused, so the error can say so instead of SQLite's
-    "not authorized"."""
-
-    def __init__(self, savepoints: bool) -> None:
-        self.savepoints = savepoints
-        self.refused: str | None = None
-
-    def __call__(self, action: int, first: str | None, second: str | None, *_: str | None) -> int:
-        if action not in _WATCHED_ACTIONS:  # nearly every call: a read, an insert, a function
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_SAVEPOINT and self.savepoints:
-            return sqlite3.SQLITE_OK
-        if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
-            self.refused = messages.STEP_CANNOT_END_ITS_TRANSACTION
-            return sqlite3.SQLITE_DENY
-        if action == sqlite3.SQLITE_PRAGMA and (
-            second is None or (first or "").lower() in _PRAGMAS_ENDING_WITH_THE_STEP
-        ):
-            return sqlite3.SQLITE_OK
-        self.refused = messages.STEP_CANNOT_CHANGE_ITS_SQLITE_CONNECTION
-        return sqlite3.SQLITE_DENY
-
-
 def step_error(
-    exc: sqlite3.Error, keeper: _StepKeeper | None = None
+    exc: sqlite3.Error, keeper: StepKeeper | None = None
 ) -> StepSQLError | StoreUnavailableError:
     """The jobguard error for a failed statement of a db_step: an outage of the store (its file
     or host failing), the step's SQL failing (a constraint, a syntax error), or a statement
@@ -189,7 +134,7 @@ class StepConnection:
     statements are raised as :class:`~jobguard.exceptions.StepSQLError`.
     """
 
-    def __init__(self, conn: sqlite3.Connection, keeper: _StepKeeper | None = None) -> None:
+    def __init__(self, conn: sqlite3.Connection, keeper: StepKeeper | None = None) -> None:
         self._conn = conn
         self._keeper = keeper
 
@@ -376,7 +321,12 @@ class SQLiteDriver:
         # fn must not end the step's transaction (COMMIT, ROLLBACK, RELEASE): its rows would
         # then commit without the step record; nor set what the next job on the connection
         # would meet (a PRAGMA, a database attached).
-        keeper = _StepKeeper(savepoints)
+        kept = self._local.committer().keeper_of(conn)
+        if kept is not None:  # the worker's write connection: its own keeper, turned on
+            with kept.watch(savepoints):
+                yield StepConnection(conn, kept)
+            return
+        keeper = StepKeeper(savepoints)  # a caller's connection, for this step alone
         conn.set_authorizer(keeper)
         try:
             yield StepConnection(conn, keeper)
