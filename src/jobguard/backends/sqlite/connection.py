@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from jobguard.backends.sql.driver import UserCodeError
 from jobguard.backends.sql.schema import migrations_of, pending
-from jobguard.backends.sqlite.keeper import OWN, StepKeeper
+from jobguard.backends.sqlite.keeper import OWN, StepKeeper, own_savepoint
 from jobguard.core import messages
 from jobguard.exceptions import ConfigurationError, StoreBrokenError, StoreUnavailableError
 
@@ -243,9 +243,7 @@ class _Request:
 
 # The write connection's own statements, in texts no step's statement has (see keeper.OWN).
 _BEGIN = OWN + "BEGIN IMMEDIATE"
-_SAVEPOINT = OWN + "SAVEPOINT request"
-_ROLLBACK_TO = OWN + "ROLLBACK TO request"
-_RELEASE = OWN + "RELEASE request"
+_REQUEST = own_savepoint("request")
 _COMMIT = OWN + "COMMIT"
 _ROLLBACK = OWN + "ROLLBACK"
 
@@ -347,15 +345,15 @@ class GroupCommitter:
             return
         try:
             for request in batch:
-                conn.execute(_SAVEPOINT)
+                conn.execute(_REQUEST.begin)
                 try:
                     request.result = request.fn(conn)
                 except BaseException as exc:  # the caller gets it; the others still commit
-                    conn.execute(_ROLLBACK_TO)
+                    conn.execute(_REQUEST.roll_back)
                     request.error = (
                         exc if not isinstance(exc, sqlite3.Error) else failed("write", exc)
                     )
-                conn.execute(_RELEASE)
+                conn.execute(_REQUEST.release)
             conn.execute(_COMMIT)
         except sqlite3.Error as exc:
             # Savepoint or commit failed (disk full, I/O error): nothing of the batch is durable.

@@ -31,7 +31,7 @@ from jobguard.backends.sqlite.connection import (
     migrate,
     open_connection,
 )
-from jobguard.backends.sqlite.keeper import OWN, StepKeeper
+from jobguard.backends.sqlite.keeper import StepKeeper, own_savepoint
 from jobguard.backends.sqlite.wake import Waker
 from jobguard.exceptions import (
     ConfigurationError,
@@ -50,10 +50,8 @@ IDENTITY_CHECK_EVERY_S = 2.0
 # back with json_each. Text is kept as it is (not \u-escaped), so text SQLite cannot store is
 # refused here as in any other parameter.
 _LIST_PARAMS = frozenset({"ids", "tokens", "queues", "items"})
-# A savepoint of jobguard's own, in texts no step's statement has (see keeper.OWN).
-_SAVEPOINT = OWN + "SAVEPOINT item"
-_ROLLBACK_TO = OWN + "ROLLBACK TO item"
-_RELEASE = OWN + "RELEASE item"
+# SQLiteTx.savepoint's statements, in texts no step's statement has (see keeper.OWN).
+_ITEM = own_savepoint("item")
 
 
 class SQLiteTx(NamedStatements):
@@ -83,14 +81,14 @@ class SQLiteTx(NamedStatements):
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A nested unit rolled back alone if the block raises."""
-        self._conn.execute(_SAVEPOINT)
+        self._conn.execute(_ITEM.begin)
         try:
             yield
         except BaseException:
-            self._conn.execute(_ROLLBACK_TO)
+            self._conn.execute(_ITEM.roll_back)
             raise
         finally:
-            self._conn.execute(_RELEASE)
+            self._conn.execute(_ITEM.release)
 
     def run_with_commit(self, name: str, params: Mapping[str, Any]) -> None:
         """A proving named statement, the transaction's last (SQLite has no round trip to

@@ -21,12 +21,28 @@ import secrets
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from jobguard.core import messages
 
 # Put before each statement of jobguard's own that a watching keeper would refuse: the text is
 # then this process's alone, never a step's, in the statement cache.
 OWN = f"/* jobguard {secrets.token_hex(8)} */ "
+
+
+class OwnSavepoint(NamedTuple):
+    """The statements of one savepoint of jobguard's own, each carrying :data:`OWN`."""
+
+    begin: str
+    roll_back: str
+    release: str
+
+
+def own_savepoint(name: str) -> OwnSavepoint:
+    """The savepoint ``name``'s statements, in texts no step's statement has."""
+    return OwnSavepoint(
+        f"{OWN}SAVEPOINT {name}", f"{OWN}ROLLBACK TO {name}", f"{OWN}RELEASE {name}"
+    )
 
 
 # PRAGMAs whose argument only names what to read, and values kept in the database file itself
